@@ -1,0 +1,47 @@
+# Finds every dependency from Debian 12 packages. GPU support is optional and off when absent.
+find_package(MPI REQUIRED COMPONENTS C)
+find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
+
+# Debian installs the parallel HDF5 under an "openmpi" flavour; point FindHDF5 at it.
+set(HDF5_PREFER_PARALLEL TRUE)
+if(NOT HDF5_C_COMPILER_EXECUTABLE AND EXISTS /usr/bin/h5pcc.openmpi)
+  set(HDF5_C_COMPILER_EXECUTABLE /usr/bin/h5pcc.openmpi)
+endif()
+find_package(HDF5 REQUIRED COMPONENTS C)
+if(NOT HDF5_IS_PARALLEL)
+  message(FATAL_ERROR "locus needs a parallel (MPI-IO) HDF5: install libhdf5-openmpi-dev "
+                      "(scripts/install-deps.sh does it)")
+endif()
+
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+find_path(CBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-pthread
+          /usr/include/openblas /usr/include REQUIRED)
+
+find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
+find_package(fmt REQUIRED)
+
+# Optional GPU backend: detected, never required.
+option(LOCUS_WITH_CUDA "Build the CUDA/cuBLAS backend when CUDA is found" ON)
+option(LOCUS_WITH_NCCL "Build the NCCL reducer when NCCL is found" ON)
+if(LOCUS_WITH_CUDA)
+  if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(NOT CUDAToolkit_FOUND)
+    set(LOCUS_WITH_CUDA OFF)
+  endif()
+endif()
+if(LOCUS_WITH_NCCL AND LOCUS_WITH_CUDA)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda
+               PATH_SUFFIXES lib lib64 targets/x86_64-linux/lib)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  if(NOT NCCL_LIBRARY OR NOT NCCL_INCLUDE_DIR)
+    set(LOCUS_WITH_NCCL OFF)
+  endif()
+else()
+  set(LOCUS_WITH_NCCL OFF)
+endif()
+message(STATUS "locus: CUDA backend ${LOCUS_WITH_CUDA}, NCCL reducer ${LOCUS_WITH_NCCL}")

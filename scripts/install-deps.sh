@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what locus needs from Debian 12 packages; does nothing when all is present.
+# Run as root (or with sudo). Idempotent: a second run only checks.
+set -euo pipefail
+
+packages=(
+  # build
+  g++ cmake make pkg-config git zlib1g-dev
+  # MPI and parallel HDF5
+  openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
+  # maths, options, formatting
+  libopenblas-dev libboost-program-options-dev libfmt-dev
+  # tests and benchmarks
+  googletest libgtest-dev libgmock-dev libbenchmark-dev hyperfine
+  python3-h5py python3-numpy python3-torch
+  # the real data set
+  dataset-fashion-mnist
+  # the throw-away Slurm cluster used by the slurm-labelled tests
+  slurm-wlm munge
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
