@@ -1,0 +1,43 @@
+// The checked layer over the HDF5 C API: one owning handle type for every hid_t, a check
+// macro that throws H5Error carrying HDF5's own error stack, and library initialisation
+// (automatic error printing off).
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+
+#include "locus/comm/error.hpp"
+#include "locus/comm/handle.hpp"
+
+namespace locus::h5 {
+
+struct IdTraits {
+  using value_type = hid_t;
+  static constexpr hid_t invalid() noexcept { return H5I_INVALID_HID; }
+  static void close(hid_t id) noexcept;
+};
+// An owned HDF5 identifier of any type (file, dataset, dataspace, property list, ...).
+using Id = Handle<IdTraits>;
+
+// Turns off HDF5's automatic error printing (errors are thrown with their stack instead).
+// Called by every entry point that opens a file; cheap after the first call.
+void init();
+
+// The current HDF5 error stack, one line per frame (empty when there is none).
+std::string error_stack();
+
+namespace detail {
+[[noreturn]] void h5_fail(const char* call, const char* file, int line);
+}
+
+}  // namespace locus::h5
+
+// Evaluates an HDF5 call returning hid_t or herr_t/htri_t; a negative value throws H5Error
+// with the call text, file:line, rank and HDF5's error stack. Yields the call's value.
+#define LOCUS_H5_CHECK(call)                                                       \
+  ([&]() {                                                                         \
+    auto locus_h5_rc_ = (call);                                                    \
+    if (locus_h5_rc_ < 0) ::locus::h5::detail::h5_fail(#call, __FILE__, __LINE__); \
+    return locus_h5_rc_;                                                           \
+  }())

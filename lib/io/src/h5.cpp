@@ -1,0 +1,59 @@
+// HDF5 handle closing, error-stack capture and initialisation.
+#include "locus/io/h5.hpp"
+
+#include <fmt/format.h>
+
+#include <mutex>
+
+namespace locus::h5 {
+
+void IdTraits::close(hid_t id) noexcept {
+  switch (H5Iget_type(id)) {
+    case H5I_FILE: H5Fclose(id); break;
+    case H5I_GROUP: H5Gclose(id); break;
+    case H5I_DATASET: H5Dclose(id); break;
+    case H5I_DATASPACE: H5Sclose(id); break;
+    case H5I_DATATYPE: H5Tclose(id); break;
+    case H5I_ATTR: H5Aclose(id); break;
+    case H5I_GENPROP_LST: H5Pclose(id); break;
+    default: H5Idec_ref(id); break;
+  }
+}
+
+void init() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+namespace {
+std::string message_text(hid_t msg_id) {
+  char buf[256] = {};
+  if (H5Eget_msg(msg_id, nullptr, buf, sizeof buf) < 0) return "?";
+  return buf;
+}
+
+herr_t collect_frame(unsigned n, const H5E_error2_t* err, void* out) {
+  auto* text = static_cast<std::string*>(out);
+  *text += fmt::format("\n  #{:03} {}:{} in {}(): {} [{}: {}]", n, err->file_name, err->line,
+                       err->func_name, err->desc ? err->desc : "", message_text(err->maj_num),
+                       message_text(err->min_num));
+  return 0;
+}
+}  // namespace
+
+std::string error_stack() {
+  std::string text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_frame, &text);
+  return text;
+}
+
+namespace detail {
+void h5_fail(const char* call, const char* file, int line) {
+  std::string stack = error_stack();
+  H5Eclear2(H5E_DEFAULT);
+  throw H5Error(fmt::format("{} failed at {}{}{}", call, where(file, line),
+                            stack.empty() ? "" : "; HDF5 error stack:", stack));
+}
+}  // namespace detail
+
+}  // namespace locus::h5

@@ -1,0 +1,121 @@
+// Atomic publish (temp name + rename after agreement) and parallel file copy.
+#include "locus/io/publish.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "locus/comm/agree.hpp"
+#include "locus/io/dataset.hpp"
+#include "locus/io/file.hpp"
+
+namespace locus::io {
+
+namespace {
+
+std::string dir_of(const std::string& path) {
+  auto d = std::filesystem::path(path).parent_path();
+  return d.empty() ? std::string(".") : d.string();
+}
+
+[[noreturn]] void io_fail(const std::string& what, const std::string& path) {
+  throw IoError(fmt::format("{} '{}': {}", what, path, std::strerror(errno)));
+}
+
+}  // namespace
+
+std::string temp_path_for(const std::string& final_path) {
+  std::filesystem::path p(final_path);
+  return (p.parent_path() / ("." + p.filename().string() + ".locus-tmp")).string();
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) io_fail("cannot open for fsync", path);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  errno = err;
+  if (rc != 0) io_fail("fsync failed for", path);
+}
+
+Publication::Publication(const mpi::Comm& comm, std::string final_path)
+    : comm_(comm.view()), final_(std::move(final_path)), temp_(temp_path_for(final_)) {
+  mpi::agree_on(comm_, [&] {
+    h5::check_writable_dir(dir_of(final_), final_);
+    if (comm_.is_root() && ::unlink(temp_.c_str()) != 0 && errno != ENOENT)
+      io_fail("cannot remove the leftover temporary file", temp_);
+  });
+}
+
+Publication::~Publication() {
+  if (!done_ && comm_.is_root()) ::unlink(temp_.c_str());
+}
+
+void Publication::abandon() {
+  comm_.barrier();
+  if (comm_.is_root()) ::unlink(temp_.c_str());
+  done_ = true;
+}
+
+void Publication::commit() {
+  mpi::agree_on(comm_, [] {});  // every rank arrived with its file closed
+  mpi::agree_on(comm_, [&] {
+    if (!comm_.is_root()) return;
+    fsync_path(temp_, false);
+    if (std::rename(temp_.c_str(), final_.c_str()) != 0)
+      io_fail(fmt::format("cannot rename '{}' to", temp_), final_);
+    fsync_path(dir_of(final_), true);
+  });
+  done_ = true;
+}
+
+void copy_file_parallel(const mpi::Comm& comm, const std::string& src, const std::string& dst) {
+  std::uint64_t size = 0;
+  mpi::agree_on(comm, [&] {
+    struct stat st {};
+    if (::stat(src.c_str(), &st) != 0) io_fail("cannot stat", src);
+    size = static_cast<std::uint64_t>(st.st_size);
+    if (comm.is_root()) {
+      const int fd = ::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) io_fail("cannot create", dst);
+      const int rc = ::ftruncate(fd, static_cast<off_t>(size));
+      ::close(fd);
+      if (rc != 0) io_fail("cannot size", dst);
+    }
+  });
+  mpi::agree_on(comm, [&] {
+    const h5::RowRange mine = h5::partition_rows(size, comm.rank(), comm.size(), 1u << 20);
+    const int in = ::open(src.c_str(), O_RDONLY);
+    if (in < 0) io_fail("cannot open", src);
+    const int out = ::open(dst.c_str(), O_WRONLY);
+    if (out < 0) {
+      ::close(in);
+      io_fail("cannot open", dst);
+    }
+    auto off_in = static_cast<loff_t>(mine.begin);
+    auto off_out = static_cast<loff_t>(mine.begin);
+    std::uint64_t left = mine.count;
+    bool ok = true;
+    while (left > 0 && ok) {
+      const ssize_t n = ::copy_file_range(in, &off_in, out, &off_out, left, 0);
+      if (n <= 0) ok = false;
+      else left -= static_cast<std::uint64_t>(n);
+    }
+    const int err = errno;
+    if (ok && ::fsync(out) != 0) ok = false;
+    ::close(in);
+    ::close(out);
+    errno = err;
+    if (!ok) io_fail(fmt::format("cannot copy '{}' to", src), dst);
+  });
+}
+
+}  // namespace locus::io
