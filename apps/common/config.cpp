@@ -1,0 +1,318 @@
+// Config parsing over Boost.Program_options with locus' error messages.
+#include "config.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "locus/comm/error.hpp"
+
+namespace po = boost::program_options;
+
+namespace locus::app {
+
+struct Config::Impl {
+  struct Entry {
+    std::string key, help, type;
+    std::function<std::string()> show;  // current value as text
+    bool file_option = true;
+  };
+  std::string app, summary;
+  po::options_description desc{"options"};
+  std::vector<Entry> entries;
+};
+
+namespace {
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+template <class T>
+po::typed_value<T>* typed(T& target, const std::string& key,
+                          const std::function<std::string(const T&)>& check) {
+  auto* v = po::value<T>(&target)->default_value(target, "");
+  if (check) {
+    v->notifier([key, check](const T& value) {
+      const std::string allowed = check(value);
+      if (!allowed.empty()) {
+        throw ConfigError(fmt::format("option '{}' = '{}' is out of range: {}", key,
+                                      fmt::to_string(value), allowed));
+      }
+    });
+  }
+  return v;
+}
+
+std::string format_double(double v) {
+  std::string s = fmt::format("{}", v);
+  return s;
+}
+
+}  // namespace
+
+const std::vector<std::string>& pipeline_sections() {
+  static const std::vector<std::string> sections{"data",  "ingest", "gates",      "model",
+                                                 "optim", "train",  "loader",     "eval",
+                                                 "checkpoint", "infer", "pipeline"};
+  return sections;
+}
+
+std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::string::npos;
+  for (const auto& c : candidates) {
+    const std::size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  // Close enough to be a typo: at most a third of the word, and at least one edit allowed.
+  if (best_d == std::string::npos || best_d > std::max<std::size_t>(2, word.size() / 3)) return "";
+  return best;
+}
+
+Config::Config(std::string app, std::string summary) : impl_(std::make_unique<Impl>()) {
+  impl_->app = std::move(app);
+  impl_->summary = std::move(summary);
+}
+
+Config::~Config() = default;
+
+Config& Config::add(const std::string& key, std::string& target, const std::string& help,
+                    std::function<std::string(const std::string&)> check) {
+  impl_->desc.add_options()(key.c_str(), typed<std::string>(target, key, check), help.c_str());
+  impl_->entries.push_back({key, help, "text", [&target] { return target; }});
+  return *this;
+}
+
+Config& Config::add(const std::string& key, std::int64_t& target, const std::string& help,
+                    std::function<std::string(std::int64_t)> check) {
+  std::function<std::string(const std::int64_t&)> c;
+  if (check) c = [check](const std::int64_t& v) { return check(v); };
+  impl_->desc.add_options()(key.c_str(), typed<std::int64_t>(target, key, c), help.c_str());
+  impl_->entries.push_back({key, help, "integer", [&target] { return std::to_string(target); }});
+  return *this;
+}
+
+Config& Config::add(const std::string& key, double& target, const std::string& help,
+                    std::function<std::string(double)> check) {
+  std::function<std::string(const double&)> c;
+  if (check) c = [check](const double& v) { return check(v); };
+  impl_->desc.add_options()(key.c_str(), typed<double>(target, key, c), help.c_str());
+  impl_->entries.push_back({key, help, "number", [&target] { return format_double(target); }});
+  return *this;
+}
+
+Config& Config::add(const std::string& key, bool& target, const std::string& help) {
+  impl_->desc.add_options()(key.c_str(), po::value<bool>(&target)->default_value(target, ""),
+                            help.c_str());
+  impl_->entries.push_back(
+      {key, help, "true|false", [&target] { return std::string(target ? "true" : "false"); }});
+  return *this;
+}
+
+Config& Config::add_choice(const std::string& key, std::string& target,
+                           const std::vector<std::string>& allowed, const std::string& help) {
+  auto check = [allowed](const std::string& v) -> std::string {
+    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return "";
+    std::string text = fmt::format("allowed values are {}", fmt::join(allowed, ", "));
+    if (auto near = closest(v, allowed); !near.empty())
+      text += fmt::format(" (did you mean '{}'?)", near);
+    return text;
+  };
+  add(key, target, help, check);
+  impl_->entries.back().type = fmt::format("{}", fmt::join(allowed, "|"));
+  return *this;
+}
+
+Config& Config::flag(const std::string& name, bool& target, const std::string& help) {
+  impl_->desc.add_options()(name.c_str(), po::bool_switch(&target), help.c_str());
+  impl_->entries.push_back({name, help, "flag", [&target] { return std::string(target ? "true" : "false"); }, false});
+  return *this;
+}
+
+Config::Action Config::parse(int argc, char** argv, const std::string& default_config_text) {
+  std::vector<std::string> known;
+  for (const auto& e : impl_->entries) known.push_back(e.key);
+  auto unknown_key = [&](const std::string& key, const std::string& where) {
+    std::string msg = fmt::format("unknown option '{}' in {}", key, where);
+    if (auto near = closest(key, known); !near.empty())
+      msg += fmt::format("; did you mean '{}'?", near);
+    else
+      msg += fmt::format("; '{} --help' lists every option", impl_->app);
+    return ConfigError(msg);
+  };
+
+  po::options_description cli_only;
+  bool help = false, print = false;
+  std::string config;
+  cli_only.add_options()("help,h", po::bool_switch(&help), "")("print-config",
+                                                               po::bool_switch(&print), "")(
+      "config", po::value<std::string>(&config), "");
+  po::options_description all;
+  all.add(impl_->desc).add(cli_only);
+
+  po::variables_map vm;
+  try {
+    auto parsed = po::command_line_parser(argc, argv).options(all).allow_unregistered().run();
+    for (const auto& o : parsed.options) {
+      if (o.unregistered) {
+        std::string key = o.string_key;
+        if (key.empty() && !o.original_tokens.empty()) key = o.original_tokens.front();
+        throw unknown_key(key, "the command line");
+      }
+    }
+    po::store(parsed, vm);
+    // Look for --config before reading the file, then store the file (command line wins,
+    // because Program_options keeps the first value stored for each key).
+    if (vm.count("config")) config = vm["config"].as<std::string>();
+    std::string text = default_config_text;
+    std::string where = "the built-in default config";
+    if (!config.empty()) {
+      std::ifstream in(config);
+      if (!in) {
+        throw ConfigError(fmt::format("cannot read config file '{}'; check the path given to "
+                                      "--config", config));
+      }
+      std::stringstream ss;
+      ss << in.rdbuf();
+      text = ss.str();
+      where = fmt::format("config file '{}'", config);
+      config_path_ = config;
+    }
+    std::istringstream in(text);
+    auto file = po::parse_config_file(in, impl_->desc, /*allow_unregistered=*/true);
+    for (const auto& o : file.options) {
+      if (!o.unregistered) continue;
+      // One pipeline config serves every app: sections of other apps are skipped here and
+      // checked by their own app; a section nobody knows is an error.
+      const std::string section = o.string_key.substr(0, o.string_key.find('.'));
+      const bool ours = std::any_of(known.begin(), known.end(), [&](const std::string& k) {
+        return k.compare(0, section.size() + 1, section + ".") == 0;
+      });
+      const auto& all_sections = pipeline_sections();
+      const bool other_app = std::find(all_sections.begin(), all_sections.end(), section) !=
+                             all_sections.end();
+      if (ours || !other_app) {
+        if (!ours && o.string_key.find('.') != std::string::npos) {
+          std::string msg = fmt::format("unknown section [{}] in {}", section, where);
+          if (auto near = closest(section, all_sections); !near.empty())
+            msg += fmt::format("; did you mean [{}]?", near);
+          throw ConfigError(msg + fmt::format("; known sections: {}", fmt::join(all_sections, ", ")));
+        }
+        throw unknown_key(o.string_key, where);
+      }
+    }
+    po::store(file, vm);
+    po::notify(vm);
+  } catch (const po::invalid_option_value& e) {
+    throw ConfigError(fmt::format("{}; '{} --help' shows each option's type", e.what(),
+                                  impl_->app));
+  } catch (const po::error& e) {
+    throw ConfigError(fmt::format("{}; '{} --help' lists every option", e.what(), impl_->app));
+  }
+  if (help) return Action::help;
+  if (print) return Action::print_config;
+  return Action::run;
+}
+
+std::string Config::help_text() const {
+  std::string out = fmt::format("usage: {} [--config FILE] [--section.key=value ...]\n\n{}\n\n",
+                                impl_->app, impl_->summary);
+  out += "  --config FILE          INI config file (default: the built-in default config)\n";
+  out += "  --print-config         print the effective config and exit\n";
+  out += "  --help                 this text\n";
+  for (const auto& e : impl_->entries) {
+    out += fmt::format("  --{:<24} {} [{}; default: {}]\n", e.key, e.help, e.type,
+                       e.file_option ? e.show() : "off");
+  }
+  return out;
+}
+
+std::string Config::effective_ini() const {
+  std::map<std::string, std::vector<const Impl::Entry*>> sections;
+  for (const auto& e : impl_->entries)
+    if (e.file_option) sections[e.key.substr(0, e.key.find('.'))].push_back(&e);
+  std::string out;
+  for (const auto& [section, entries] : sections) {
+    out += fmt::format("[{}]\n", section);
+    for (const auto* e : entries)
+      out += fmt::format("{} = {}\n", e->key.substr(e->key.find('.') + 1), e->show());
+    out += "\n";
+  }
+  return out;
+}
+
+std::function<std::string(std::int64_t)> at_least(std::int64_t lo) {
+  return [lo](std::int64_t v) { return v >= lo ? std::string() : fmt::format("must be >= {}", lo); };
+}
+
+std::function<std::string(std::int64_t)> in_range(std::int64_t lo, std::int64_t hi) {
+  return [lo, hi](std::int64_t v) {
+    return v >= lo && v <= hi ? std::string() : fmt::format("must be in [{}, {}]", lo, hi);
+  };
+}
+
+std::function<std::string(double)> positive() {
+  return [](double v) { return v > 0 ? std::string() : std::string("must be > 0"); };
+}
+
+std::function<std::string(double)> non_negative() {
+  return [](double v) { return v >= 0 ? std::string() : std::string("must be >= 0"); };
+}
+
+std::function<std::string(double)> in_range(double lo, double hi) {
+  return [lo, hi](double v) {
+    return v >= lo && v <= hi ? std::string() : fmt::format("must be in [{}, {}]", lo, hi);
+  };
+}
+
+std::vector<std::string> parse_word_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item = trim(item);
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::vector<std::int64_t> parse_int_list(const std::string& key, const std::string& text) {
+  std::vector<std::int64_t> out;
+  for (const auto& w : parse_word_list(text)) {
+    std::int64_t v = 0;
+    auto [p, ec] = std::from_chars(w.data(), w.data() + w.size(), v);
+    if (ec != std::errc() || p != w.data() + w.size()) {
+      throw ConfigError(fmt::format("option '{}' = '{}': '{}' is not an integer; expected a "
+                                    "comma-separated list such as 784,256,128,10", key, text, w));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace locus::app

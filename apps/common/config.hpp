@@ -1,0 +1,75 @@
+// Config files and command lines for every app: INI sections map to dotted keys
+// ([train] lr = 0.1 ≡ --train.lr=0.1), the command line overrides the file, --help lists every
+// option with its default, --print-config prints the effective config as INI. Unknown keys,
+// wrong types and out-of-range values are ConfigErrors naming the key, the value and what is
+// allowed, with a suggestion for typos. Only apps/ sees Boost.Program_options.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace locus::app {
+
+class Config {
+ public:
+  enum class Action { run, help, print_config };
+
+  Config(std::string app, std::string summary);
+  ~Config();
+  Config(const Config&) = delete;
+  Config& operator=(const Config&) = delete;
+
+  // Registers option `key` ("section.name") bound to `target`, whose current value is the
+  // default. A check returns an empty string when the value is fine, else what is allowed.
+  Config& add(const std::string& key, std::string& target, const std::string& help,
+              std::function<std::string(const std::string&)> check = {});
+  Config& add(const std::string& key, std::int64_t& target, const std::string& help,
+              std::function<std::string(std::int64_t)> check = {});
+  Config& add(const std::string& key, double& target, const std::string& help,
+              std::function<std::string(double)> check = {});
+  Config& add(const std::string& key, bool& target, const std::string& help);
+  // One of a fixed set of words.
+  Config& add_choice(const std::string& key, std::string& target,
+                     const std::vector<std::string>& allowed, const std::string& help);
+  // Command-line-only switch (e.g. --validate-only); not part of the config file.
+  Config& flag(const std::string& name, bool& target, const std::string& help);
+
+  // Parses `--config FILE` (or the embedded default text when no file is given) and then the
+  // command line. Throws ConfigError. Returns what the user asked for.
+  Action parse(int argc, char** argv, const std::string& default_config_text = "");
+
+  std::string help_text() const;
+  // The effective configuration as INI, every key with its value.
+  std::string effective_ini() const;
+  // The config file used ("" for the embedded default).
+  const std::string& config_path() const { return config_path_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string config_path_;
+};
+
+// Range/choice checks for add(): return "" when fine, else a description of what is allowed.
+std::function<std::string(std::int64_t)> at_least(std::int64_t lo);
+std::function<std::string(std::int64_t)> in_range(std::int64_t lo, std::int64_t hi);
+std::function<std::string(double)> positive();
+std::function<std::string(double)> non_negative();
+std::function<std::string(double)> in_range(double lo, double hi);
+
+// Every section of the pipeline config file, across all apps.
+const std::vector<std::string>& pipeline_sections();
+
+// The closest of `candidates` to `word` by edit distance, or "" if none is close.
+std::string closest(const std::string& word, const std::vector<std::string>& candidates);
+
+// Parses "784,256,128,10" into integers; ConfigError naming the key on bad input.
+std::vector<std::int64_t> parse_int_list(const std::string& key, const std::string& text);
+// Parses "a.csv,b.csv" into trimmed words (empty text → empty list).
+std::vector<std::string> parse_word_list(const std::string& text);
+
+}  // namespace locus::app

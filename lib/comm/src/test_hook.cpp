@@ -1,0 +1,34 @@
+// Test hooks: kill, exit or sleep at named points (see test_hook.hpp).
+#include "locus/comm/test_hook.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "locus/comm/mpi.hpp"
+
+namespace locus {
+
+void test_hook(const char* point) {
+  static const char* spec = std::getenv("LOCUS_TEST_HOOK");
+  if (spec == nullptr) return;
+  const std::string s(spec);
+  const auto colon = s.find(':');
+  if (colon == std::string::npos || s.compare(0, colon, point) != 0) return;
+  std::string action = s.substr(colon + 1);
+  if (const auto at = action.find('@'); at != std::string::npos) {
+    if (std::atoi(action.c_str() + at + 1) != mpi::world_rank()) return;
+    action.resize(at);
+  }
+  std::fprintf(stderr, "[rank %d] test hook '%s': %s\n", mpi::world_rank(), point,
+               action.c_str());
+  std::fflush(stderr);
+  if (action == "kill") ::raise(SIGKILL);
+  if (action == "exit") std::_Exit(9);
+  if (action.rfind("sleep", 0) == 0) ::sleep(static_cast<unsigned>(std::atoi(action.c_str() + 5)));
+}
+
+}  // namespace locus

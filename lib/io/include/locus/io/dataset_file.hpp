@@ -1,0 +1,64 @@
+// The locus dataset file (docs/FORMATS.md): /features float32 [N, D], optional /labels int32
+// [N], and attributes for schema, statistics, normalization and provenance. Readers use the
+// `committed_rows` attribute, written last, as the row count.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "locus/io/dataset.hpp"
+#include "locus/io/file.hpp"
+#include "locus/io/gates.hpp"
+#include "locus/io/stats.hpp"
+#include "locus/io/table.hpp"
+
+namespace locus::io {
+
+inline constexpr std::int64_t kDatasetSchemaVersion = 1;
+inline constexpr const char* kDatasetFormat = "locus-dataset";
+
+struct Provenance {
+  std::vector<SourceFile> sources;  // every input ever ingested into this file, in order
+  std::string tool_version;
+  std::string git_revision;
+  std::string config;               // effective config (INI) of the latest ingest
+};
+
+struct DatasetMeta {
+  std::int64_t schema_version = kDatasetSchemaVersion;
+  std::int64_t rows = 0;          // committed rows
+  std::int64_t cols = 0;
+  std::int64_t num_classes = 0;   // 0: unchecked / not a classification set
+  bool has_labels = false;
+  std::vector<std::string> feature_names;
+  std::string label_name;
+  FeatureStats stats;             // of the raw (un-normalized) features
+  Histogram histogram;            // raw features over [stats.min, stats.max] at ingest time
+  NormalizationParams normalization;
+  Provenance provenance;
+};
+
+// Collective over file.comm(): creates /features (and /labels) sized for `total_rows`, writes
+// this rank's rows of `local` at `first_row`, then every attribute of `meta`, committed_rows
+// last. All ranks pass the same meta.
+void write_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
+                   std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows = 0);
+
+// Collective over file.comm(): grows the datasets by the rows of every rank's `local`, writes
+// this rank's rows at `first_row` (≥ the old committed_rows), then the new attributes with
+// committed_rows last.
+void append_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
+                    std::uint64_t total_rows, const DatasetMeta& meta);
+
+// Collective: reads and validates the attributes of a locus dataset. A file that is not a
+// locus dataset, or one of a newer schema version, is a DataError naming it.
+DatasetMeta read_meta(h5::File& file);
+
+// Collective: reads rows [range) of /features (and /labels) into a Table.
+Table read_rows(h5::File& file, const DatasetMeta& meta, h5::RowRange range);
+
+// The drift reference view of a dataset's statistics.
+ReferenceStats reference_stats(const DatasetMeta& meta, const std::string& path);
+
+}  // namespace locus::io

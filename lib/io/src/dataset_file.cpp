@@ -1,0 +1,165 @@
+// Reading and writing the locus dataset layout.
+#include "locus/io/dataset_file.hpp"
+
+#include <fmt/format.h>
+
+#include "locus/io/attribute.hpp"
+
+namespace locus::io {
+
+namespace {
+
+template <class T> std::span<const T> cspan(const std::vector<T>& v) { return {v.data(), v.size()}; }
+
+void write_attributes(h5::File& file, const DatasetMeta& m) {
+  const hid_t root = file.id();
+  h5::write_attr(root, "locus_format", kDatasetFormat);
+  h5::write_attr(root, "schema_version", m.schema_version);
+  h5::write_attr(root, "num_classes", m.num_classes);
+  h5::write_attr(root, "label_name", m.label_name);
+  h5::write_attr(root, "tool_version", m.provenance.tool_version);
+  h5::write_attr(root, "git_revision", m.provenance.git_revision);
+  h5::write_attr(root, "config", m.provenance.config);
+  std::vector<std::string> paths;
+  std::vector<std::int64_t> bytes, crcs;
+  for (const auto& s : m.provenance.sources) {
+    paths.push_back(s.path);
+    bytes.push_back(static_cast<std::int64_t>(s.bytes));
+    crcs.push_back(static_cast<std::int64_t>(s.crc32));
+  }
+  h5::write_attr(root, "source_files", paths);
+  h5::write_attr(root, "source_bytes", cspan(bytes));
+  h5::write_attr(root, "source_crc32", cspan(crcs));
+
+  h5::Id features = h5::Id(LOCUS_H5_CHECK(H5Dopen2(root, "/features", H5P_DEFAULT)));
+  const hid_t f = features.get();
+  h5::write_attr(f, "feature_names", m.feature_names);
+  h5::write_attr(f, "count", m.stats.count);
+  h5::write_attr(f, "mean", cspan(m.stats.mean));
+  h5::write_attr(f, "std", cspan(m.stats.stddev()));
+  h5::write_attr(f, "min", cspan(m.stats.min));
+  h5::write_attr(f, "max", cspan(m.stats.max));
+  h5::write_attr(f, "m2", cspan(m.stats.m2));
+  h5::write_attr(f, "hist_bins", static_cast<std::int64_t>(m.histogram.bins));
+  h5::write_attr(f, "hist_lo", cspan(m.histogram.lo));
+  h5::write_attr(f, "hist_hi", cspan(m.histogram.hi));
+  h5::write_attr(f, "hist_counts", cspan(m.histogram.counts));
+  h5::write_attr(f, "normalization", std::string(to_string(m.normalization.mode)));
+  h5::write_attr(f, "norm_offset", cspan(m.normalization.offset));
+  h5::write_attr(f, "norm_scale", cspan(m.normalization.scale));
+  // Written last: readers trust only rows below this mark.
+  h5::write_attr(root, "committed_rows", m.rows);
+}
+
+void write_local_rows(h5::File& file, const Table& local, std::uint64_t first_row,
+                      bool has_labels) {
+  h5::Dataset features = h5::Dataset::open(file, "/features");
+  features.write_rows<float>(first_row, local.features);
+  if (has_labels) {
+    h5::Dataset labels = h5::Dataset::open(file, "/labels");
+    labels.write_rows<std::int32_t>(first_row, local.labels);
+  }
+}
+
+}  // namespace
+
+void write_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
+                   std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows) {
+  const auto cols = static_cast<std::uint64_t>(meta.cols);
+  h5::Dataset::create(file, {.name = "/features", .dtype = h5::Dtype::f32, .rows = total_rows,
+                             .cols = cols, .chunk_rows = chunk_rows, .extendible = true});
+  if (meta.has_labels) {
+    // Label chunks hold as many rows as feature chunks so an append touches few chunks.
+    h5::Dataset::create(file, {.name = "/labels", .dtype = h5::Dtype::i32, .rows = total_rows,
+                               .chunk_rows = chunk_rows, .extendible = true});
+  }
+  write_local_rows(file, local, first_row, meta.has_labels);
+  write_attributes(file, meta);
+}
+
+void append_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
+                    std::uint64_t total_rows, const DatasetMeta& meta) {
+  {
+    h5::Dataset features = h5::Dataset::open(file, "/features");
+    features.resize(total_rows);
+    if (meta.has_labels) h5::Dataset::open(file, "/labels").resize(total_rows);
+  }
+  write_local_rows(file, local, first_row, meta.has_labels);
+  write_attributes(file, meta);
+}
+
+DatasetMeta read_meta(h5::File& file) {
+  const hid_t root = file.id();
+  if (!h5::has_attr(root, "locus_format") ||
+      h5::read_attr<std::string>(root, "locus_format") != kDatasetFormat) {
+    throw DataError(fmt::format("'{}' is not a locus dataset (no locus_format = \"{}\" "
+                                "attribute); write it with locus-ingest or see docs/FORMATS.md",
+                                file.path(), kDatasetFormat));
+  }
+  DatasetMeta m;
+  m.schema_version = h5::read_attr<std::int64_t>(root, "schema_version");
+  if (m.schema_version > kDatasetSchemaVersion) {
+    throw DataError(fmt::format("'{}' has dataset schema version {}, newer than this locus "
+                                "reads ({}); upgrade locus", file.path(), m.schema_version,
+                                kDatasetSchemaVersion));
+  }
+  m.rows = h5::read_attr<std::int64_t>(root, "committed_rows");
+  m.num_classes = h5::read_attr<std::int64_t>(root, "num_classes");
+  m.label_name = h5::read_attr<std::string>(root, "label_name");
+  m.has_labels = h5::exists(root, "/labels");
+  m.provenance.tool_version = h5::read_attr<std::string>(root, "tool_version");
+  m.provenance.git_revision = h5::read_attr<std::string>(root, "git_revision");
+  m.provenance.config = h5::read_attr<std::string>(root, "config");
+  const auto paths = h5::read_attr<std::vector<std::string>>(root, "source_files");
+  const auto bytes = h5::read_attr<std::vector<std::int64_t>>(root, "source_bytes");
+  const auto crcs = h5::read_attr<std::vector<std::int64_t>>(root, "source_crc32");
+  for (std::size_t i = 0; i < paths.size() && i < bytes.size() && i < crcs.size(); ++i) {
+    m.provenance.sources.push_back({paths[i], static_cast<std::uint64_t>(bytes[i]),
+                                    static_cast<std::uint32_t>(crcs[i])});
+  }
+
+  h5::Dataset features = h5::Dataset::open(file, "/features");
+  m.cols = static_cast<std::int64_t>(features.cols());
+  if (features.rows() < static_cast<std::uint64_t>(m.rows)) {
+    throw DataError(fmt::format("'{}': committed_rows = {} but /features has only {} rows; the "
+                                "file is damaged, re-ingest it", file.path(), m.rows,
+                                features.rows()));
+  }
+  const hid_t f = features.id();
+  m.feature_names = h5::read_attr<std::vector<std::string>>(f, "feature_names");
+  m.stats.count = h5::read_attr<std::int64_t>(f, "count");
+  m.stats.mean = h5::read_attr<std::vector<double>>(f, "mean");
+  m.stats.m2 = h5::read_attr<std::vector<double>>(f, "m2");
+  m.stats.min = h5::read_attr<std::vector<double>>(f, "min");
+  m.stats.max = h5::read_attr<std::vector<double>>(f, "max");
+  m.histogram.bins = static_cast<int>(h5::read_attr<std::int64_t>(f, "hist_bins"));
+  m.histogram.lo = h5::read_attr<std::vector<double>>(f, "hist_lo");
+  m.histogram.hi = h5::read_attr<std::vector<double>>(f, "hist_hi");
+  m.histogram.counts = h5::read_attr<std::vector<std::int64_t>>(f, "hist_counts");
+  m.normalization.mode = parse_normalization(h5::read_attr<std::string>(f, "normalization"));
+  m.normalization.offset = h5::read_attr<std::vector<double>>(f, "norm_offset");
+  m.normalization.scale = h5::read_attr<std::vector<double>>(f, "norm_scale");
+  return m;
+}
+
+Table read_rows(h5::File& file, const DatasetMeta& meta, h5::RowRange range) {
+  Table t;
+  t.cols = meta.cols;
+  t.has_labels = meta.has_labels;
+  t.feature_names = meta.feature_names;
+  t.label_name = meta.label_name;
+  t.features.resize(range.count * static_cast<std::uint64_t>(meta.cols));
+  h5::Dataset::open(file, "/features").read_rows<float>(range.begin, t.features);
+  if (meta.has_labels) {
+    t.labels.resize(range.count);
+    h5::Dataset::open(file, "/labels").read_rows<std::int32_t>(range.begin, t.labels);
+  }
+  return t;
+}
+
+ReferenceStats reference_stats(const DatasetMeta& meta, const std::string& path) {
+  return {.path = path, .rows = meta.rows, .cols = meta.cols, .mean = meta.stats.mean,
+          .stddev = meta.stats.stddev(), .min = meta.stats.min, .max = meta.stats.max};
+}
+
+}  // namespace locus::io
