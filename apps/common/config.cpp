@@ -7,6 +7,7 @@
 #include <charconv>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -48,6 +49,9 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return prev[b.size()];
 }
+
+// Stands for an empty value given as "--key=" (Program_options rejects empty arguments).
+constexpr std::string_view kEmptyValue = "\x01locus-empty";
 
 template <class T>
 po::typed_value<T>* typed(T& target, const std::string& key,
@@ -103,7 +107,16 @@ Config::~Config() = default;
 
 Config& Config::add(const std::string& key, std::string& target, const std::string& help,
                     std::function<std::string(const std::string&)> check) {
-  impl_->desc.add_options()(key.c_str(), typed<std::string>(target, key, check), help.c_str());
+  auto* value = typed<std::string>(target, key, {});
+  value->notifier([key, check, &target](const std::string& v) {
+    if (v == kEmptyValue) target.clear();
+    if (!check) return;
+    const std::string allowed = check(target);
+    if (!allowed.empty()) {
+      throw ConfigError(fmt::format("option '{}' = '{}' is not allowed: {}", key, target, allowed));
+    }
+  });
+  impl_->desc.add_options()(key.c_str(), value, help.c_str());
   impl_->entries.push_back({key, help, "text", [&target] { return target; }});
   return *this;
 }
@@ -175,9 +188,26 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
   po::options_description all;
   all.add(impl_->desc).add(cli_only);
 
+  // "--key=" means an empty value, and a repeated "--key=value" overrides the earlier one (as
+  // scripts that append overrides expect); Program_options accepts neither, so rewrite.
+  std::vector<std::string> args;
+  std::map<std::string, std::size_t> last;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const auto eq = a.find('=');
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      const std::string key = a.substr(0, eq);
+      if (eq + 1 == a.size()) a = key + "=" + std::string(kEmptyValue);
+      if (auto it = last.find(key); it != last.end()) args[it->second].clear();
+      last[key] = args.size();
+    }
+    args.push_back(std::move(a));
+  }
+  std::erase_if(args, [](const std::string& a) { return a.empty(); });
+
   po::variables_map vm;
   try {
-    auto parsed = po::command_line_parser(argc, argv).options(all).allow_unregistered().run();
+    auto parsed = po::command_line_parser(args).options(all).allow_unregistered().run();
     for (const auto& o : parsed.options) {
       if (o.unregistered) {
         std::string key = o.string_key;

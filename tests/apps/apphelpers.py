@@ -1,0 +1,76 @@
+"""Shared helpers for end-to-end app tests: run an app under mpiexec, compare HDF5 files."""
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+class AppRunner:
+    def __init__(self, bindir, ranks):
+        self.bindir = bindir
+        self.ranks = ranks
+        self.mpiexec = os.environ.get("LOCUS_MPIEXEC", "mpiexec")
+
+    def run(self, app, *args, ranks=None, env=None, cwd=None):
+        n = ranks or self.ranks
+        cmd = [self.mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(n),
+               os.path.join(self.bindir, app), *args]
+        full_env = dict(os.environ)
+        full_env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                         "OPENBLAS_NUM_THREADS": "1"})
+        if env:
+            full_env.update(env)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd,
+                           timeout=600)
+        return p
+
+
+def check(cond, msg, proc=None):
+    if not cond:
+        if proc is not None:
+            msg += f"\n--- rc {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        raise AssertionError(msg)
+
+
+def expect_exit(proc, code, *needles):
+    check(proc.returncode == code, f"expected exit {code}, got {proc.returncode}", proc)
+    text = proc.stdout + proc.stderr
+    for n in needles:
+        check(n in text, f"expected {n!r} in the output", proc)
+
+
+def read_dataset(path):
+    with h5py.File(path, "r") as f:
+        n = int(f.attrs["committed_rows"])
+        x = f["features"][:n]
+        y = f["labels"][:n] if "labels" in f else None
+        attrs = {k: f["features"].attrs[k] for k in f["features"].attrs}
+        return x, y, attrs
+
+
+def no_outputs(path):
+    d, name = os.path.split(path)
+    return not os.path.exists(path) and not os.path.exists(os.path.join(d, "." + name + ".locus-tmp"))
+
+
+def main(tests):
+    """Runs test functions; args: BINDIR RANKS. Prints 'N passed, N failed'."""
+    bindir, ranks = sys.argv[1], int(sys.argv[2])
+    runner = AppRunner(bindir, ranks)
+    passed = failed = 0
+    for t in tests:
+        with tempfile.TemporaryDirectory(prefix="locus-app-") as tmp:
+            try:
+                t(runner, tmp)
+                print(f"[ OK ] {t.__name__}", flush=True)
+                passed += 1
+            except Exception as e:  # noqa: BLE001 - report every failure
+                print(f"[FAIL] {t.__name__}: {e}", flush=True)
+                failed += 1
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)

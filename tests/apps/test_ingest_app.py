@@ -1,0 +1,266 @@
+"""End-to-end tests of locus-ingest under mpiexec: real Fashion-MNIST, N ranks against 1 rank
+and against a numpy reference, every quality gate, bad inputs, append and crash-safety."""
+import filecmp
+import gzip
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+
+from apphelpers import FASHION, check, expect_exit, main, no_outputs, read_dataset
+
+EXIT_CONFIG, EXIT_DATA, EXIT_GATE, EXIT_IO = 2, 3, 4, 5
+
+
+def idx_array(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def write_csv(path, header, rows):
+    with open(path, "w") as f:
+        f.write(",".join(header) + "\n")
+        for r in rows:
+            f.write(",".join(str(v) for v in r) + "\n")
+
+
+def csv_ingest(r, tmp, csv, out, *extra, ranks=None, env=None):
+    return r.run("locus-ingest", "--ingest.source=csv", f"--ingest.csv={csv}",
+                 "--ingest.csv_label=y", "--ingest.normalize=none", "--ingest.num_classes=0",
+                 "--gates.features=0", "--gates.min_rows=0", f"--ingest.output={out}", *extra,
+                 ranks=ranks, env=env)
+
+
+def gaussian_rows(rng, n, shift=0.0, classes=3):
+    x = rng.normal(shift, 1.0, size=(n, 4))
+    y = rng.integers(0, classes, size=n)
+    return [[*np.round(xi, 6), int(yi)] for xi, yi in zip(x, y)]
+
+
+HEADER = ["a", "b", "c", "d", "y"]
+
+
+def test_fashion_mnist_train_and_test(r, tmp):
+    for split, rows in (("train", 60000), ("t10k", 10000)):
+        out = os.path.join(tmp, f"{split}.h5")
+        p = r.run("locus-ingest", f"--ingest.images={FASHION}/{split}-images-idx3-ubyte.gz",
+                  f"--ingest.labels={FASHION}/{split}-labels-idx1-ubyte.gz",
+                  f"--ingest.output={out}")
+        expect_exit(p, 0, f"{rows} rows x 784 features")
+        check(subprocess.run(["h5dump", "-H", out], capture_output=True).returncode == 0,
+              "h5dump -H must read the dataset")
+        x, y, attrs = read_dataset(out)
+        raw = idx_array(f"{FASHION}/{split}-images-idx3-ubyte.gz").reshape(rows, 784)
+        labels = idx_array(f"{FASHION}/{split}-labels-idx1-ubyte.gz")
+        check(x.shape == (rows, 784) and x.dtype == np.float32, f"shape {x.shape} {x.dtype}")
+        check(np.array_equal(y, labels.astype(np.int32)), "labels differ from the IDX file")
+        rawf = raw.astype(np.float64)
+        mean, std = rawf.mean(axis=0), rawf.std(axis=0)
+        check(np.allclose(attrs["mean"], mean, rtol=1e-6, atol=1e-9), "mean differs from numpy")
+        check(np.allclose(attrs["std"], std, rtol=1e-6, atol=1e-9), "std differs from numpy")
+        lo, hi = rawf.min(axis=0), rawf.max(axis=0)
+        scale = np.where(hi > lo, 1.0 / np.where(hi > lo, hi - lo, 1.0), 1.0)
+        ref = ((rawf - lo) * scale).astype(np.float32)
+        check(np.allclose(x, ref, rtol=0, atol=1e-6), "minmax-normalized features differ")
+        if r.ranks > 1:  # N ranks must write exactly what 1 rank writes
+            one = os.path.join(tmp, f"{split}-1rank.h5")
+            p = r.run("locus-ingest", f"--ingest.images={FASHION}/{split}-images-idx3-ubyte.gz",
+                      f"--ingest.labels={FASHION}/{split}-labels-idx1-ubyte.gz",
+                      f"--ingest.output={one}", ranks=1)
+            expect_exit(p, 0)
+            x1, y1, a1 = read_dataset(one)
+            check(np.array_equal(x1.view(np.uint32), x.view(np.uint32)), "features not bitwise equal to 1 rank")
+            check(np.array_equal(y1, y), "labels differ from 1 rank")
+            check(np.allclose(a1["mean"], attrs["mean"], rtol=1e-12), "stats differ from 1 rank")
+
+
+def test_csv_matches_serial_parse(r, tmp):
+    rng = np.random.default_rng(1)
+    rows = gaussian_rows(rng, 777)
+    csv = os.path.join(tmp, "in.csv")
+    write_csv(csv, HEADER, rows)
+    out = os.path.join(tmp, "out.h5")
+    expect_exit(csv_ingest(r, tmp, csv, out), 0, "777 rows x 4 features")
+    x, y, attrs = read_dataset(out)
+    ref = np.array([row[:4] for row in rows], dtype=np.float32)
+    check(np.array_equal(x, ref), "CSV features differ from a serial parse")
+    check(np.array_equal(y, np.array([row[4] for row in rows], dtype=np.int32)), "CSV labels differ")
+    check(list(attrs["feature_names"]) == ["a", "b", "c", "d"], f"names {attrs['feature_names']}")
+
+
+def gate_case(r, tmp, rows, rule, *extra, header=HEADER):
+    csv = os.path.join(tmp, f"{rule}.csv")
+    write_csv(csv, header, rows)
+    out = os.path.join(tmp, f"{rule}.h5")
+    report = os.path.join(tmp, f"{rule}.json")
+    p = csv_ingest(r, tmp, csv, out, f"--ingest.report={report}", *extra)
+    expect_exit(p, EXIT_GATE, f"'{rule}'")
+    check(no_outputs(out), f"gate {rule}: something was published")
+    with open(report) as f:
+        rep = json.load(f)
+    check(rep["passed"] is False, "report must say failed")
+    failed = [x for x in rep["rules"] if not x["passed"]]
+    check(any(x["rule"] == rule for x in failed), f"rule {rule} not failed in {failed}")
+    return rep
+
+
+def test_every_gate_fires_and_publishes_nothing(r, tmp):
+    rng = np.random.default_rng(2)
+    good = gaussian_rows(rng, 200)
+    gate_case(r, tmp, good, "features", "--gates.features=5")
+    bad_label = [row[:] for row in good]
+    bad_label[150][4] = 7
+    gate_case(r, tmp, bad_label, "label_range", "--ingest.num_classes=3")
+    nan_rows = [row[:] for row in good]
+    nan_rows[123][2] = "nan"
+    nan_rows[7][0] = "inf"
+    gate_case(r, tmp, nan_rows, "nonfinite")
+    gate_case(r, tmp, good, "min_rows", "--gates.min_rows=1000")
+    gate_case(r, tmp, good, "max_rows", "--gates.max_rows=100")
+    gate_case(r, tmp, good[:5], "require_labels", "--ingest.csv_label=", "--gates.require_labels=true",
+              header=HEADER)
+    # Reference-based gates.
+    ref_csv = os.path.join(tmp, "ref.csv")
+    write_csv(ref_csv, HEADER, gaussian_rows(rng, 2000))
+    ref = os.path.join(tmp, "ref.h5")
+    expect_exit(csv_ingest(r, tmp, ref_csv, ref), 0)
+    gate_case(r, tmp, good, "rows_within_pct", f"--gates.reference={ref}", "--gates.rows_within_pct=10")
+    drifted = gaussian_rows(rng, 2000, shift=3.0)
+    gate_case(r, tmp, drifted, "max_mean_shift", f"--gates.reference={ref}", "--gates.max_mean_shift=0.5")
+    gate_case(r, tmp, drifted, "max_psi", f"--gates.reference={ref}", "--gates.max_psi=0.25")
+    # The same data without drift passes all of them.
+    same = gaussian_rows(rng, 2000)
+    csv = os.path.join(tmp, "same.csv")
+    write_csv(csv, HEADER, same)
+    p = csv_ingest(r, tmp, csv, os.path.join(tmp, "same.h5"), f"--gates.reference={ref}",
+                   "--gates.rows_within_pct=10", "--gates.max_mean_shift=0.5", "--gates.max_psi=0.25")
+    expect_exit(p, 0)
+
+
+def test_nonfinite_drop_counts(r, tmp):
+    rng = np.random.default_rng(3)
+    rows = gaussian_rows(rng, 100)
+    rows[10][1] = "nan"
+    rows[99][3] = "-inf"
+    csv = os.path.join(tmp, "in.csv")
+    write_csv(csv, HEADER, rows)
+    out = os.path.join(tmp, "out.h5")
+    report = os.path.join(tmp, "r.json")
+    p = csv_ingest(r, tmp, csv, out, "--gates.nonfinite=drop", f"--ingest.report={report}")
+    expect_exit(p, 0, "dropped 2")
+    x, _, _ = read_dataset(out)
+    check(x.shape[0] == 98 and np.isfinite(x).all(), f"expected 98 finite rows, got {x.shape}")
+    with open(report) as f:
+        check(json.load(f)["dropped_rows"] == 2, "report must count dropped rows")
+
+
+def test_validate_only_writes_report_only(r, tmp):
+    rng = np.random.default_rng(4)
+    csv = os.path.join(tmp, "in.csv")
+    write_csv(csv, HEADER, gaussian_rows(rng, 50))
+    out = os.path.join(tmp, "out.h5")
+    report = os.path.join(tmp, "r.json")
+    p = csv_ingest(r, tmp, csv, out, "--validate-only", f"--ingest.report={report}")
+    expect_exit(p, 0, "validated 50 rows")
+    check(no_outputs(out) and os.path.exists(report), "validate-only must publish only the report")
+
+
+def test_bad_inputs_give_clear_errors_and_no_output(r, tmp):
+    out = os.path.join(tmp, "out.h5")
+    p = r.run("locus-ingest", f"--ingest.images={tmp}/missing.gz", f"--ingest.output={out}")
+    expect_exit(p, EXIT_DATA, "missing.gz")
+    with open(f"{FASHION}/t10k-images-idx3-ubyte.gz", "rb") as f:
+        blob = f.read()
+    trunc = os.path.join(tmp, "trunc.gz")
+    with open(trunc, "wb") as f:
+        f.write(blob[: len(blob) // 2])
+    p = r.run("locus-ingest", f"--ingest.images={trunc}",
+              f"--ingest.labels={FASHION}/t10k-labels-idx1-ubyte.gz", f"--ingest.output={out}")
+    expect_exit(p, EXIT_DATA, "trunc.gz")
+    badmagic = os.path.join(tmp, "bad.idx")
+    with open(badmagic, "wb") as f:
+        f.write(b"\x12\x34\x08\x03" + b"\x00" * 64)
+    p = r.run("locus-ingest", f"--ingest.images={badmagic}", "--ingest.labels=", f"--ingest.output={out}")
+    expect_exit(p, EXIT_DATA, "bad.idx")
+    ragged = os.path.join(tmp, "ragged.csv")
+    with open(ragged, "w") as f:
+        f.write("a,b,c,d,y\n" + "1,2,3,4,0\n" * 50 + "1,2,3,0\n" + "1,2,3,4,1\n" * 50)
+    expect_exit(csv_ingest(r, tmp, ragged, out), EXIT_DATA, "ragged.csv", "line 52")
+    text = os.path.join(tmp, "text.csv")
+    with open(text, "w") as f:
+        f.write("a,b,c,d,y\n" + "1,2,3,4,0\n" * 70 + "1,zebra,3,4,0\n")
+    expect_exit(csv_ingest(r, tmp, text, out), EXIT_DATA, "zebra", "line 72")
+    empty = os.path.join(tmp, "empty.csv")
+    with open(empty, "w") as f:
+        f.write("a,b,c,d,y\n")
+    expect_exit(csv_ingest(r, tmp, empty, out), EXIT_DATA, "empty.csv")
+    check(no_outputs(out), "a failed ingest must publish nothing")
+    good = os.path.join(tmp, "good.csv")
+    write_csv(good, HEADER, gaussian_rows(np.random.default_rng(5), 20))
+    p = csv_ingest(r, tmp, good, "/proc/locus-denied/out.h5", f"--ingest.report={tmp}/r.json")
+    expect_exit(p, EXIT_IO, "/proc/locus-denied")
+
+
+def test_config_errors_name_the_key(r, tmp):
+    p = r.run("locus-ingest", "--ingest.outptu=x.h5")
+    expect_exit(p, EXIT_CONFIG, "ingest.outptu", "did you mean 'ingest.output'")
+    p = r.run("locus-ingest", "--gates.min_rows=lots")
+    expect_exit(p, EXIT_CONFIG, "gates.min_rows", "lots")
+    p = r.run("locus-ingest", "--ingest.normalize=zscore")
+    expect_exit(p, EXIT_CONFIG, "zscore", "standardize")
+    p = r.run("locus-ingest", "--gates.psi_bins=1")
+    expect_exit(p, EXIT_CONFIG, "gates.psi_bins", "[2, 1000]")
+    cfg = os.path.join(tmp, "c.ini")
+    with open(cfg, "w") as f:
+        f.write("[ingest]\nsource = idx\n[gatez]\nmin_rows = 3\n")
+    p = r.run("locus-ingest", f"--config={cfg}")
+    expect_exit(p, EXIT_CONFIG, "gatez", "did you mean [gates]")
+    p = r.run("locus-ingest", "--help")
+    expect_exit(p, 0, "--gates.max_psi", "default: 10")
+    p = r.run("locus-ingest", "--print-config", "--ingest.output=zzz.h5")
+    expect_exit(p, 0, "output = zzz.h5", "[gates]")
+    existing = os.path.join(tmp, "exists.h5")
+    open(existing, "w").close()
+    p = r.run("locus-ingest", f"--ingest.output={existing}")
+    expect_exit(p, EXIT_CONFIG, "--overwrite")
+
+
+def test_append_equals_full_ingest_and_survives_a_crash(r, tmp):
+    rng = np.random.default_rng(6)
+    rows = gaussian_rows(rng, 900)
+    a, b, full = (os.path.join(tmp, n) for n in ("a.csv", "b.csv", "full.csv"))
+    write_csv(a, HEADER, rows[:500])
+    write_csv(b, HEADER, rows[500:])
+    write_csv(full, HEADER, rows)
+    out, ref = os.path.join(tmp, "out.h5"), os.path.join(tmp, "full.h5")
+    expect_exit(csv_ingest(r, tmp, full, ref), 0)
+    expect_exit(csv_ingest(r, tmp, a, out), 0)
+    backup = os.path.join(tmp, "backup.h5")
+    shutil.copy(out, backup)
+    # Killed between writing the rows and publishing: the original must be untouched.
+    p = csv_ingest(r, tmp, b, out, "--append", env={"LOCUS_TEST_HOOK": "ingest-before-commit:kill@0"})
+    check(p.returncode != 0, "the killed append must fail", p)
+    check(filecmp.cmp(out, backup, shallow=False), "a crashed append changed the dataset")
+    x0, _, _ = read_dataset(out)
+    check(x0.shape[0] == 500, "committed rows changed after a crash")
+    # The rerun completes; the result equals a full ingest of all rows.
+    expect_exit(csv_ingest(r, tmp, b, out, "--append"), 0, "appended 400 rows")
+    x, y, attrs = read_dataset(out)
+    xr, yr, ar = read_dataset(ref)
+    check(np.array_equal(x, xr) and np.array_equal(y, yr), "append differs from a full ingest")
+    check(attrs["count"] == 900, "merged count")
+    for k in ("mean", "std", "min", "max"):
+        check(np.allclose(attrs[k], ar[k], rtol=1e-9, atol=1e-12), f"merged {k} differs")
+    check(np.array_equal(attrs["hist_counts"].sum(), ar["hist_counts"].sum()), "histogram total")
+
+
+if __name__ == "__main__":
+    main([test_fashion_mnist_train_and_test, test_csv_matches_serial_parse,
+          test_every_gate_fires_and_publishes_nothing, test_nonfinite_drop_counts,
+          test_validate_only_writes_report_only, test_bad_inputs_give_clear_errors_and_no_output,
+          test_config_errors_name_the_key, test_append_equals_full_ingest_and_survives_a_crash])
