@@ -259,8 +259,34 @@ def test_append_equals_full_ingest_and_survives_a_crash(r, tmp):
     check(np.array_equal(attrs["hist_counts"].sum(), ar["hist_counts"].sum()), "histogram total")
 
 
+def formats_md_example(tmp):
+    """Runs the 'Writing one by hand (h5py)' example of docs/FORMATS.md in tmp."""
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "FORMATS.md")
+    text = open(doc).read()
+    section = text[text.index("### Writing one by hand"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[:code.index("```")]
+    subprocess.run(["/usr/bin/python3", "-c", code], cwd=tmp, check=True)
+    return os.path.join(tmp, "mine.h5")
+
+
+def test_documented_h5py_dataset_is_readable(r, tmp):
+    mine = formats_md_example(tmp)
+    rng = np.random.default_rng(7)
+    csv = os.path.join(tmp, "in.csv")
+    write_csv(csv, [f"f{i}" for i in range(8)] + ["y"],
+              [[*np.round(rng.random(8), 5), int(rng.integers(0, 3))] for _ in range(1000)])
+    out = os.path.join(tmp, "out.h5")
+    p = csv_ingest(r, tmp, csv, out, f"--gates.reference={mine}", "--gates.rows_within_pct=5",
+                   "--gates.max_mean_shift=0.5", "--gates.max_psi=0.5")
+    expect_exit(p, 0, "reference")
+    p = csv_ingest(r, tmp, csv, mine, "--append")
+    expect_exit(p, EXIT_DATA, "allocates chunks lazily", "mine.h5")
+
+
 if __name__ == "__main__":
     main([test_fashion_mnist_train_and_test, test_csv_matches_serial_parse,
           test_every_gate_fires_and_publishes_nothing, test_nonfinite_drop_counts,
           test_validate_only_writes_report_only, test_bad_inputs_give_clear_errors_and_no_output,
-          test_config_errors_name_the_key, test_append_equals_full_ingest_and_survives_a_crash])
+          test_config_errors_name_the_key, test_append_equals_full_ingest_and_survives_a_crash,
+          test_documented_h5py_dataset_is_readable])

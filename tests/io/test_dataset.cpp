@@ -136,6 +136,8 @@ TEST(Attributes, RoundTripEveryKind) {
   h5::write_attr(f.id(), "counts", std::span<const std::int64_t>(counts));
   h5::write_attr(f.id(), "names", std::vector<std::string>{"a", "pixel783", ""});
   h5::write_attr(f.id(), "rows", std::int64_t{60001});  // replacing works
+  h5::write_attr(f.id(), "no_numbers", std::span<const double>());
+  h5::write_attr(f.id(), "no_names", std::vector<std::string>{});
   f.close();
   File g = File::open(world, dir.file("attrs.h5"), File::Mode::read);
   EXPECT_DOUBLE_EQ(h5::read_attr<double>(g.id(), "pi"), 3.14159);
@@ -146,6 +148,8 @@ TEST(Attributes, RoundTripEveryKind) {
   EXPECT_EQ(h5::read_attr<std::vector<std::int64_t>>(g.id(), "counts"), counts);
   EXPECT_EQ(h5::read_attr<std::vector<std::string>>(g.id(), "names"),
             (std::vector<std::string>{"a", "pixel783", ""}));
+  EXPECT_TRUE(h5::read_attr<std::vector<double>>(g.id(), "no_numbers").empty());
+  EXPECT_TRUE(h5::read_attr<std::vector<std::string>>(g.id(), "no_names").empty());
   EXPECT_FALSE(h5::has_attr(g.id(), "nope"));
   try {
     h5::read_attr<double>(g.id(), "nope");

@@ -18,7 +18,9 @@ void put(hid_t obj, const std::string& name, hid_t file_type, hid_t mem_type, hi
     LOCUS_H5_CHECK(H5Adelete(obj, name.c_str()));
   Id attr(LOCUS_H5_CHECK(
       H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT)));
-  LOCUS_H5_CHECK(H5Awrite(attr.get(), mem_type, buf));
+  // HDF5 rejects a null buffer even for an empty array; nothing is read from it then.
+  static const std::int64_t dummy = 0;
+  LOCUS_H5_CHECK(H5Awrite(attr.get(), mem_type, buf != nullptr ? buf : &dummy));
 }
 
 Id scalar_space() { return Id(LOCUS_H5_CHECK(H5Screate(H5S_SCALAR))); }
@@ -61,7 +63,7 @@ std::vector<T> read_numbers(hid_t obj, const std::string& name, hid_t mem_type) 
     throw DataError(fmt::format("attribute '{}' of '{}' is not numeric", name, object_name(obj)));
   }
   std::vector<T> out(element_count(attr.get()));
-  LOCUS_H5_CHECK(H5Aread(attr.get(), mem_type, out.data()));
+  if (!out.empty()) LOCUS_H5_CHECK(H5Aread(attr.get(), mem_type, out.data()));
   return out;
 }
 
@@ -152,6 +154,7 @@ template <> std::vector<std::string> read_attr<std::vector<std::string>>(
   const std::size_t n = element_count(attr.get());
   std::vector<std::string> out;
   out.reserve(n);
+  if (n == 0) return out;
   if (H5Tis_variable_str(ftype.get()) > 0) {
     Id t = utf8_vlen_string();
     std::vector<char*> ptrs(n, nullptr);

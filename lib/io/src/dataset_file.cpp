@@ -88,6 +88,19 @@ void append_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
   write_attributes(file, meta);
 }
 
+void check_appendable(h5::File& file) {
+  h5::Dataset features = h5::Dataset::open(file, "/features");
+  h5::Id dcpl(LOCUS_H5_CHECK(H5Dget_create_plist(features.id())));
+  H5D_alloc_time_t when{};
+  LOCUS_H5_CHECK(H5Pget_alloc_time(dcpl.get(), &when));
+  if (when != H5D_ALLOC_TIME_EARLY) {
+    throw DataError(fmt::format("cannot append to '{}': its /features dataset allocates chunks "
+                                "lazily (as h5py does by default), which parallel HDF5 cannot "
+                                "extend; re-ingest the data with locus-ingest and append to "
+                                "that file", file.path()));
+  }
+}
+
 DatasetMeta read_meta(h5::File& file) {
   const hid_t root = file.id();
   if (!h5::has_attr(root, "locus_format") ||

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -91,6 +92,10 @@ File File::open(const mpi::Comm& comm, const std::string& path, Mode mode) {
     id = Id(f);
   });
   return File(std::move(own), path, std::move(id));
+}
+
+File::~File() {
+  if (std::uncaught_exceptions() > 0) static_cast<void>(id_.release());
 }
 
 void File::flush() { LOCUS_H5_CHECK(H5Fflush(id_.get(), H5F_SCOPE_GLOBAL)); }

@@ -85,7 +85,13 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
 
   // The existing dataset fixes schema, normalization and histogram edges for an append.
   DatasetMeta existing;
-  if (opts.append) existing = read_dataset_meta(comm, opts.output);
+  if (opts.append) {
+    h5::File f = h5::File::open(comm, opts.output, h5::File::Mode::read);
+    mpi::agree_on(comm, [&] {
+      existing = read_meta(f);
+      check_appendable(f);
+    });
+  }
   ReferenceStats ref;
   DatasetMeta ref_meta;
   const bool have_ref = !opts.reference.empty();

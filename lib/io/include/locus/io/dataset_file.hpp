@@ -55,6 +55,10 @@ void append_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
 // locus dataset, or one of a newer schema version, is a DataError naming it.
 DatasetMeta read_meta(h5::File& file);
 
+// Throws DataError naming the file unless append_dataset can grow it: parallel HDF5 only
+// writes new chunks of datasets allocated early (as write_dataset creates them).
+void check_appendable(h5::File& file);
+
 // Collective: reads rows [range) of /features (and /labels) into a Table.
 Table read_rows(h5::File& file, const DatasetMeta& meta, h5::RowRange range);
 

@@ -21,7 +21,11 @@ class File {
 
   File(File&&) noexcept = default;
   File& operator=(File&&) noexcept = default;
-  ~File() = default;  // closes without checking; call close() to see errors
+  // Closes without checking; call close() to see errors. While an exception unwinds, the
+  // file is left open instead: closing is collective, and a rank failing alone would wait
+  // forever for peers that are not closing. The job then either aborts (an error on one rank)
+  // or every rank unwinds alike and HDF5 closes the file at MPI_Finalize.
+  ~File();
 
   hid_t id() const noexcept { return id_.get(); }
   const mpi::Comm& comm() const noexcept { return comm_; }

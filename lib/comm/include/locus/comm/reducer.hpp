@@ -1,0 +1,112 @@
+// The data-parallel gradient reducer: a small interface chosen once at start-up (MPI now, NCCL
+// later) that averages a contiguous float gradient buffer across the data-parallel
+// communicator, bucket by bucket while the backward pass is still running.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "locus/comm/mpi.hpp"
+
+namespace locus::comm {
+
+enum class ReducerBackend { mpi, nccl };
+
+// What finish() / allreduce_average() leave in the buffer.
+enum class ReduceMode {
+  // Sum over ranks, then divide every element by the communicator size.
+  average,
+  // Sum only: the caller already scaled its gradients by 1/size (e.g. folded into the loss),
+  // so the sum is the average. Saves one pass over the buffer.
+  presummed_average,
+};
+
+struct ReducerOptions {
+  ReducerBackend backend = ReducerBackend::mpi;
+  ReduceMode mode = ReduceMode::average;
+  // Launch granularity of the streaming path: buckets are cut from the END of the buffer
+  // (the backward pass fills it end first), so only the first bucket may be short.
+  std::size_t bucket_bytes = std::size_t{4} << 20;
+  // Transport granularity: every bucket (and every one-shot buffer) travels as chunks of at
+  // most this size, so no single message ever falls into the large-message hole of the MPI
+  // library (see bench/comm/RESULTS.md).
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+  // Chunks at most this large use one exchange round (every rank receives every other rank's
+  // whole chunk) instead of reduce-scatter + allgather, and messages at most this large travel
+  // as eager-sized fragments instead of one rendezvous: fewer latency rounds for small data.
+  std::size_t small_bytes = std::size_t{32} << 10;
+  // Chunks in flight at once (bounds the scratch memory: max_in_flight * chunk_bytes).
+  int max_in_flight = 4;
+};
+
+// Timings of the streaming path (seconds).
+struct ReduceTimes {
+  // From the first chunk launched to the last chunk seen complete: the communication time.
+  double comm_s = 0;
+  // Time spent inside finish(): the part of comm_s the caller waited for.
+  double blocked_s = 0;
+  // Time spent inside ready_from() (MPI_Test, local reductions): work taken from compute.
+  double progress_s = 0;
+  // Share of the communication hidden behind compute: 1 - blocked/comm, in [0, 1].
+  double hidden_fraction() const noexcept;
+};
+
+struct ReducerStats {
+  std::int64_t steps = 0;   // completed finish() calls
+  ReduceTimes last;         // the last completed step
+  ReduceTimes total;        // summed over all steps
+  std::int64_t oneshot_calls = 0;
+  double oneshot_s = 0;     // time inside allreduce_average()
+};
+
+// Streaming protocol for one step over a bound gradient buffer of N floats:
+//   backward of the last layer writes [off_L, N)   -> ready_from(off_L)
+//   backward of layer L-1 writes [off_{L-1}, off_L) -> ready_from(off_{L-1})
+//   ...                                              -> finish()
+// ready_from() launches every bucket that is now entirely inside [offset, N) and progresses
+// the chunks in flight, so communication overlaps the next layer's compute; finish() launches
+// whatever is left, completes everything and leaves the reduced gradients in place. The next
+// ready_from() after finish() starts a new step; buffers are allocated once, at construction.
+//
+// Communication advances only inside these calls (MPI has no progress thread here): call
+// ready_from() after every layer, even when no new bucket is complete. Not thread-safe: one
+// thread drives a reducer.
+//
+// Results are deterministic and bitwise identical on every rank: each element is reduced as
+// ((x_0 + x_1) + x_2) + ... in rank order, in float, then divided by the size (average mode),
+// whatever the bucket, chunk or protocol sizes; the streaming and one-shot paths agree bit for
+// bit.
+class GradientReducer {
+ public:
+  GradientReducer() = default;
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+  virtual ~GradientReducer() = default;
+
+  // Local, non-blocking. Elements [offset, N) of the bound buffer are final for this step.
+  // Offsets must not increase within a step. Ranks may call it at different offsets (only the
+  // bucket layout, fixed at construction, decides what travels together).
+  virtual void ready_from(std::size_t offset) = 0;
+  // Collective over the reducer's communicator: completes the step.
+  virtual void finish() = 0;
+  // Collective over the reducer's communicator: reduces data (any size, identical on every
+  // rank) in place, blocking. Must not be called between ready_from() and finish().
+  virtual void allreduce_average(std::span<float> data) = 0;
+
+  virtual const ReducerStats& stats() const noexcept = 0;
+  virtual std::string_view name() const noexcept = 0;
+  virtual int comm_size() const noexcept = 0;
+};
+
+// Collective over comm (the data-parallel communicator), which is duplicated so the reducer's
+// messages never mix with the caller's. grads is the gradient buffer of the streaming path;
+// it must have the same length on every rank and outlive the reducer. Options are validated
+// on every rank and must be identical everywhere (ConfigError, on all ranks, otherwise).
+std::unique_ptr<GradientReducer> make_gradient_reducer(const mpi::Comm& comm,
+                                                       std::span<float> grads,
+                                                       const ReducerOptions& options = {});
+
+}  // namespace locus::comm

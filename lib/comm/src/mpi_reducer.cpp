@@ -1,0 +1,142 @@
+// The MPI gradient reducer: cuts the bound buffer into buckets (from its end) and chunks, and
+// feeds them to the chunk engine as the backward pass declares them ready.
+#include "mpi_reducer.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace locus::comm::detail {
+
+namespace {
+
+ChunkEngineConfig engine_config(const ReducerOptions& o) {
+  ChunkEngineConfig c;
+  c.chunk_elems = o.chunk_bytes / sizeof(float);
+  c.small_elems = o.small_bytes / sizeof(float);
+  c.max_in_flight = o.max_in_flight;
+  c.divide = o.mode == ReduceMode::average;
+  return c;
+}
+
+double seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+MpiReducer::MpiReducer(mpi::Comm comm, std::span<float> grads, const ReducerOptions& options)
+    : comm_(std::move(comm)),
+      grads_(grads),
+      engine_(comm_.get(), engine_config(options)),
+      chunk_elems_(options.chunk_bytes / sizeof(float)) {
+  build_layout(std::max<std::size_t>(1, options.bucket_bytes / sizeof(float)), chunk_elems_);
+}
+
+void MpiReducer::build_layout(std::size_t bucket_elems, std::size_t chunk_elems) {
+  std::size_t hi = grads_.size();
+  while (hi > 0) {
+    const std::size_t lo = hi > bucket_elems ? hi - bucket_elems : 0;
+    // Balanced chunks: a 4 MiB + 4 B bucket becomes 5 near-equal chunks, not 4 + a crumb.
+    const std::size_t len = hi - lo;
+    const std::size_t nchunks = (len + chunk_elems - 1) / chunk_elems;
+    for (std::size_t i = 0; i < nchunks; ++i) {
+      const std::size_t a = lo + len * i / nchunks;
+      const std::size_t b = lo + len * (i + 1) / nchunks;
+      pieces_.push_back(Piece{a, b - a});
+    }
+    bucket_start_.push_back(lo);
+    pieces_through_.push_back(pieces_.size());
+    hi = lo;
+  }
+}
+
+void MpiReducer::begin_step() {
+  in_step_ = true;
+  ready_offset_ = grads_.size();
+  ready_buckets_ = 0;
+  launchable_ = 0;
+  launched_ = 0;
+  completed_ = 0;
+  progress_s_ = 0;
+}
+
+void MpiReducer::pump() {
+  for (;;) {
+    while (launched_ < launchable_ && engine_.has_free_slot()) {
+      if (launched_ == 0) first_launch_ = Clock::now();
+      const Piece& p = pieces_[launched_];
+      engine_.launch(grads_.data() + p.offset, p.count, launched_);
+      ++launched_;
+    }
+    if (engine_.active() == 0) return;
+    const int done = engine_.progress();
+    if (done == 0) return;
+    completed_ += static_cast<std::size_t>(done);
+    last_complete_ = Clock::now();
+  }
+}
+
+void MpiReducer::ready_from(std::size_t offset) {
+  const auto t0 = Clock::now();
+  if (!in_step_) begin_step();
+  LOCUS_ASSERT(offset <= grads_.size(),
+               fmt::format("ready_from({}) is past the end of the {}-element gradient buffer",
+                           offset, grads_.size()));
+  LOCUS_ASSERT(offset <= ready_offset_,
+               fmt::format("ready_from({}) after ready_from({}) in the same step: the backward "
+                           "pass must declare gradients ready from the end towards the start",
+                           offset, ready_offset_));
+  ready_offset_ = offset;
+  while (ready_buckets_ < bucket_start_.size() && bucket_start_[ready_buckets_] >= offset)
+    ++ready_buckets_;
+  launchable_ = ready_buckets_ == 0 ? 0 : pieces_through_[ready_buckets_ - 1];
+  pump();
+  progress_s_ += seconds(Clock::now() - t0);
+}
+
+void MpiReducer::finish() {
+  const auto t0 = Clock::now();
+  if (!in_step_) begin_step();
+  ready_offset_ = 0;
+  ready_buckets_ = bucket_start_.size();
+  launchable_ = pieces_.size();
+  // Progress by polling: Open MPI moves shared-memory data only inside MPI calls.
+  while (completed_ < pieces_.size()) pump();
+  const auto t1 = Clock::now();
+
+  ReduceTimes step;
+  step.comm_s = pieces_.empty() ? 0.0 : seconds(last_complete_ - first_launch_);
+  step.blocked_s = seconds(t1 - t0);
+  step.progress_s = progress_s_;
+  stats_.last = step;
+  stats_.total.comm_s += step.comm_s;
+  stats_.total.blocked_s += step.blocked_s;
+  stats_.total.progress_s += step.progress_s;
+  ++stats_.steps;
+  in_step_ = false;
+}
+
+void MpiReducer::allreduce_average(std::span<float> data) {
+  LOCUS_ASSERT(!in_step_, "allreduce_average() between ready_from() and finish(): finish the "
+                          "streaming step first (both use the reducer's communicator)");
+  const auto t0 = Clock::now();
+  const std::size_t n = data.size();
+  const std::size_t nchunks = (n + chunk_elems_ - 1) / chunk_elems_;
+  std::size_t next = 0;
+  std::size_t done = 0;
+  while (done < nchunks) {
+    while (next < nchunks && engine_.has_free_slot()) {
+      const std::size_t a = n * next / nchunks;
+      const std::size_t b = n * (next + 1) / nchunks;
+      engine_.launch(data.data() + a, b - a, next);
+      ++next;
+    }
+    done += static_cast<std::size_t>(engine_.progress());
+  }
+  ++stats_.oneshot_calls;
+  stats_.oneshot_s += seconds(Clock::now() - t0);
+}
+
+}  // namespace locus::comm::detail
