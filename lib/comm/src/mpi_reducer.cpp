@@ -62,7 +62,8 @@ void MpiReducer::begin_step() {
   progress_s_ = 0;
 }
 
-void MpiReducer::pump() {
+std::size_t MpiReducer::pump() {
+  std::size_t completed = 0;
   for (;;) {
     while (launched_ < launchable_ && engine_.has_free_slot()) {
       if (launched_ == 0) first_launch_ = Clock::now();
@@ -70,10 +71,11 @@ void MpiReducer::pump() {
       engine_.launch(grads_.data() + p.offset, p.count, launched_);
       ++launched_;
     }
-    if (engine_.active() == 0) return;
-    const int done = engine_.progress();
-    if (done == 0) return;
-    completed_ += static_cast<std::size_t>(done);
+    if (engine_.active() == 0) return completed;
+    const auto done = static_cast<std::size_t>(engine_.progress());
+    if (done == 0) return completed;
+    completed += done;
+    completed_ += done;
     last_complete_ = Clock::now();
   }
 }
@@ -102,7 +104,8 @@ void MpiReducer::finish() {
   ready_offset_ = 0;
   ready_buckets_ = bucket_start_.size();
   launchable_ = pieces_.size();
-  // Progress by polling: Open MPI moves shared-memory data only inside MPI calls.
+  // Polls like MPI_Wait does: Open MPI moves shared-memory data only inside MPI calls (and
+  // yields inside them by itself when the node is oversubscribed).
   while (completed_ < pieces_.size()) pump();
   const auto t1 = Clock::now();
 

@@ -35,8 +35,8 @@ class MpiReducer final : public GradientReducer {
   void build_layout(std::size_t bucket_elems, std::size_t chunk_elems);
   void begin_step();
   // Launches every launchable piece a free slot allows, then progresses until a pass
-  // completes nothing.
-  void pump();
+  // completes nothing. Returns how many pieces completed.
+  std::size_t pump();
 
   mpi::Comm comm_;
   std::span<float> grads_;

@@ -31,14 +31,14 @@ struct ReducerOptions {
   // (the backward pass fills it end first), so only the first bucket may be short.
   std::size_t bucket_bytes = std::size_t{4} << 20;
   // Transport granularity: every bucket (and every one-shot buffer) travels as chunks of at
-  // most this size, so no single message ever falls into the large-message hole of the MPI
-  // library (see bench/comm/RESULTS.md).
+  // most this size, pipelined through scratch allocated once, so large buffers never hit the
+  // MPI library's per-call temporaries (the 32-64 MiB hole, see bench/comm/RESULTS.md).
   std::size_t chunk_bytes = std::size_t{1} << 20;
   // Chunks at most this large use one exchange round (every rank receives every other rank's
   // whole chunk) instead of reduce-scatter + allgather, and messages at most this large travel
   // as eager-sized fragments instead of one rendezvous: fewer latency rounds for small data.
   std::size_t small_bytes = std::size_t{32} << 10;
-  // Chunks in flight at once (bounds the scratch memory: max_in_flight * chunk_bytes).
+  // Chunks in flight at once. Scratch memory is about max_in_flight * chunk_bytes.
   int max_in_flight = 4;
 };
 
@@ -50,7 +50,10 @@ struct ReduceTimes {
   double blocked_s = 0;
   // Time spent inside ready_from() (MPI_Test, local reductions): work taken from compute.
   double progress_s = 0;
-  // Share of the communication hidden behind compute: 1 - blocked/comm, in [0, 1].
+  // Share of the communication hidden behind compute: 1 - blocked/comm, in [0, 1]. Over
+  // shared-memory MPI the CPU itself moves the bytes inside ready_from()/finish(), so this
+  // share is overlap in time, not free work: progress_s + blocked_s against the one-shot time
+  // is what the step saves (bench/comm/overlap_bench.cpp measures both).
   double hidden_fraction() const noexcept;
 };
 
