@@ -5,6 +5,9 @@ set(LOCUS_MPIEXEC ${MPIEXEC_EXECUTABLE} CACHE STRING "MPI launcher used by the t
 set(LOCUS_MPIEXEC_FLAGS --oversubscribe --bind-to none CACHE STRING "Extra launcher flags")
 set(LOCUS_TEST_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
+    # Oversubscribed ranks must yield while they wait, or their busy-polling starves the
+    # peer (and the loader threads) they wait for.
+    OMPI_MCA_mpi_yield_when_idle=1
     LOCUS_SOURCE_DIR=${CMAKE_SOURCE_DIR} LOCUS_BINARY_DIR=${CMAKE_BINARY_DIR})
 
 # locus_add_test(name SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT s])

@@ -1,10 +1,70 @@
 // The data loader: each data-parallel rank reads its own partition of a locus dataset (or any
 // HDF5 float32 [N, D] dataset) and a background producer keeps a ring buffer of ready batches
 // while the trainer computes. All HDF5 calls happen on the producer thread.
+//
+// Rows. N = the `committed_rows` root attribute when present (locus datasets), else the extent
+// of the features dataset. Labels (int32 [N], optional) must cover the same rows.
+//
+// Steps. An epoch has S = ceil(N / B) steps (floor(N / B) with drop_last), B = global_batch,
+// in every mode and at every world size P. Global batch k is epoch positions
+// [k·B, min((k+1)·B, N)), so all batches have B rows except possibly the last, which has
+// N - (S-1)·B. LoadedBatch::global_rows is that size (the gradient divisor); the ranks' rows
+// of a step always add up to it. A rank may have 0 rows in a step (last batch, or N < B·P): it
+// still gets a batch object with rows = 0 and must take part in the step.
+//
+// Which rank gets which positions, and which sample sits at a position:
+//  - global: positions are a permutation π_e of [0, N) (Fisher-Yates over the identity driven
+//    by std::mt19937_64 seeded with a hash of (seed, e), bounded draws by Lemire's
+//    multiply-and-reject: identical on every platform). Rank r takes the balanced partition
+//    of each global batch (h5::partition_rows(size, r, P)): concatenating the ranks' rows of a
+//    step in rank order gives exactly the batch of a 1-rank run.
+//  - local, none: rank r owns the contiguous file partition h5::partition_rows(N, r, P) and
+//    position i of the epoch goes to rank i mod P (a round-robin deal), so in step k rank r has
+//    |{i in batch k : i mod P = r}| rows — floor or ceil of (batch size)/P — and uses its
+//    partition's rows in its own epoch order, each exactly once (with drop_last the last
+//    rows of that order are skipped). The order is a permutation of the partition from a hash
+//    of (seed, e, partition) for local (when it fits memory_budget, see below), file order
+//    for none. Data never crosses ranks, and the order depends on P.
+// Everything is a pure function of (N, P, options, epoch, step): start_epoch(e, k) resumes.
+//
+// Memory. `memory_budget` bounds the sample bytes (features + labels) a rank holds:
+//  - local/none, partition ≤ budget: the partition is read once (one collective read per
+//    rank's contiguous range) and batches are gathered from memory;
+//  - local/none, larger partition (out of core): the partition is cut into windows of
+//    w = floor(G / M) rows, G = max(1, floor(budget / (2 · row bytes))), M = min(8, G)
+//    windows per group for local (M = 1, w = G for none). Local order of an epoch: the
+//    windows are permuted (hash of seed, e, partition), taken M at a time as groups in that
+//    order; each group's rows, listed in ascending file order, are permuted by a hash of
+//    (seed, e, partition, group index). Two groups are in memory: the one being served and
+//    the next, read one window per batch (each window one contiguous read). Peak memory is
+//    the budget plus the ring's batch buffers and index arrays (8 bytes per row). Only the first
+//    batch after the constructor or a resume waits for a group read (the producer reads
+//    the next epoch's first group ahead). The order depends on memory_budget: resume with
+//    the same budget.
+//  - global, N rows ≤ budget: every rank reads the whole dataset once (collective read of the
+//    partitions, then an all-gather); otherwise each batch slice is read from the file:
+//    row ids sorted, consecutive runs coalesced, one regular-hyperslab read per run for the
+//    features and one hyperslab-union read for the labels. (HDF5 1.10 maps a union of runs
+//    to chunks element by element: 2-3x slower than per-run reads for scattered rows.)
+//
+// Threads. With MPI_THREAD_MULTIPLE (check with MPI_Query_thread) a producer thread opens the
+// file on a dup() of the communicator, does the initial load (collectively, while the
+// constructor waits), then reads independently — no collective after the constructor, so a
+// rank that runs ahead, finishes its epoch early or stops never waits for another — and
+// closes the file (collectively) when the Loader is destroyed. Below MPI_THREAD_MULTIPLE, or
+// with background = false, the same reads run synchronously inside next(). HDF5 (Debian's
+// build) is not thread-safe: the loader holds hdf5_mutex() around each of its HDF5 calls, and
+// other threads must hold it around theirs (checkpoint and model writes) while a Loader
+// exists: from the first start_epoch() on, the producer may read at any moment (also ahead
+// into the next epoch after the last batch of one, out-of-core modes).
+//
+// Wait time: next() measures the time until its batch is ready (the whole read in the
+// synchronous mode); wait_seconds() sums it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -19,6 +79,7 @@ enum class Shuffle {
   none,    // file order (evaluation)
 };
 Shuffle parse_shuffle(const std::string& s);  // ConfigError naming the allowed values
+const char* to_string(Shuffle s);
 
 struct LoaderOptions {
   std::string path;
@@ -30,6 +91,15 @@ struct LoaderOptions {
   int prefetch_depth = 4;              // batches in the ring buffer
   std::uint64_t memory_budget = 1ULL << 30;  // bytes of samples a rank may hold
   bool drop_last = false;              // drop the last partial global batch of an epoch
+  bool background = true;              // false: read on the calling thread inside next()
+};
+
+// Where the samples live, decided once from memory_budget, alike on every rank.
+enum class Residency {
+  partition,  // local/none: this rank's partition, read once
+  dataset,    // global: the whole dataset on every rank, read once
+  streamed,   // local/none out of core: the partition streamed in window groups
+  per_batch,  // global out of core: each batch slice read from the file
 };
 
 // One batch of this rank's rows (rows may be 0 on some ranks for the last partial batch).
@@ -42,10 +112,17 @@ struct LoadedBatch {
   int global_rows = 0;                 // rows of the global batch (the gradient divisor)
 };
 
+// Held by the loader around every HDF5 call it makes; hold it around HDF5 calls made on other
+// threads while a Loader exists. Never hold it while waiting for another rank.
+std::mutex& hdf5_mutex();
+
 class Loader {
  public:
-  // Collective over comm (the data-parallel communicator).
+  // Collective over comm (the data-parallel communicator): opens the file, validates the
+  // options against it and reads what stays in memory. Bad options are ConfigErrors, a
+  // missing/malformed file or dataset a DataError naming it; both agreed on every rank.
   Loader(const mpi::Comm& comm, LoaderOptions opts);
+  // Collective over comm (closes the file), except while an exception unwinds.
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -54,12 +131,20 @@ class Loader {
   std::int64_t cols() const;
   bool has_labels() const;
   std::int64_t steps_per_epoch() const;
+  Residency residency() const;
+  bool threaded() const;               // a background producer (false: synchronous reads)
 
   // Starts producing the batches of `epoch` from step `first_step` (resume). A pure function
-  // of (seed, epoch, step): no other state is needed to resume.
+  // of (seed, epoch, step): no other state is needed to resume. Local: no other rank takes
+  // part. Invalidates the batch last returned by next(). Once an epoch is fully produced the
+  // producer prepares the first batches of epoch + 1 (for none: of whatever epoch comes
+  // next, they are alike); start_epoch(epoch + 1) keeps them, any other call discards them.
+  // In memory (Residency partition/dataset) epoch 0 is prepared before the first call.
+  // ConfigError unless epoch ≥ 0 and 0 ≤ first_step ≤ steps_per_epoch().
   void start_epoch(std::int64_t epoch, std::int64_t first_step = 0);
   // The next batch of the epoch, or nullptr after the last. Valid until the next call.
-  // Blocks (and counts data-wait time) while the producer is behind.
+  // Blocks (and counts data-wait time) while the producer is behind. Rethrows a read error of
+  // the producer. Local: no other rank takes part.
   const LoadedBatch* next();
 
   double wait_seconds() const;         // total time next() waited since construction
