@@ -17,6 +17,8 @@ namespace locus::h5 {
 
 namespace {
 
+constexpr hsize_t kMetaBlockBytes = hsize_t{1} << 20;
+
 Id mpio_fapl(const mpi::Comm& comm) {
   Id fapl(LOCUS_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
   LOCUS_H5_CHECK(H5Pset_fapl_mpio(fapl.get(), comm.get(), MPI_INFO_NULL));
@@ -26,6 +28,12 @@ Id mpio_fapl(const mpi::Comm& comm) {
   // The 1.8+ object format stores attributes above 64 KiB (per-feature statistics of wide
   // datasets) densely; every HDF5 since 1.8 and h5py read it.
   LOCUS_H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110));
+  // Metadata (chunk-index nodes above all) is allocated from 1 MiB blocks instead of 2 KiB
+  // ones. With the default, index nodes land between runs of chunks, so every rank's row
+  // range is cut into many transfers and a cold read fetches scattered index pages; with it,
+  // each rank's rows are one file extent and the first dataset starts 1 MiB-aligned (the
+  // usual Lustre stripe). Costs up to 1 MiB of slack per file (bench/RESULTS.md, I/O).
+  LOCUS_H5_CHECK(H5Pset_meta_block_size(fapl.get(), kMetaBlockBytes));
   return fapl;
 }
 

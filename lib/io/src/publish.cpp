@@ -33,7 +33,10 @@ std::string dir_of(const std::string& path) {
 
 std::string temp_path_for(const std::string& final_path) {
   std::filesystem::path p(final_path);
-  return (p.parent_path() / ("." + p.filename().string() + ".locus-tmp")).string();
+  // Built with append rather than `"." + name` (GCC 12 -O3 reports a false -Wrestrict there).
+  std::string name(".");
+  name.append(p.filename().string()).append(".locus-tmp");
+  return (p.parent_path() / name).string();
 }
 
 void fsync_path(const std::string& path, bool directory) {

@@ -1,0 +1,386 @@
+// HDF5 collective write (with fsync) and read bandwidth of a float32 [N, D] dataset beside
+// `dd conv=fsync` and `cat` of the same byte count in the same directory, alternated rep by
+// rep so load spikes on a shared machine hit both sides. Every read is verified.
+//   mpirun -n 2 locus_h5_bandwidth --bytes 1GiB --dir /tmp/x --reps 5
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <boost/program_options.hpp>
+#include <fmt/format.h>
+
+#include "locus/comm/app.hpp"
+#include "locus/io/dataset.hpp"
+#include "locus/io/file.hpp"
+#include "locus/io/publish.hpp"
+#include "raw_baseline.hpp"
+
+namespace po = boost::program_options;
+using namespace locus;
+
+namespace {
+
+struct Options {
+  std::uint64_t bytes = std::uint64_t{1} << 30;
+  std::uint64_t cols = 1024;
+  std::string dir = ".";
+  int reps = 5;
+  int warmup = 1;                // untimed reps first (first touches of fresh memory are slow)
+  std::uint64_t chunk_rows = 0;  // 0: the library's default (about 1 MiB per chunk)
+  bool extendible = false;       // the layout locus-ingest writes (unlimited rows)
+  bool cold = true;              // also time reads after evicting the file from the cache
+  bool raw = true;               // also run dd and cat
+  bool keep = false;             // leave the last rep's files for inspection (h5ls, h5py)
+  bool help = false;
+};
+
+std::uint64_t parse_size(const std::string& text) {
+  std::size_t used = 0;
+  std::uint64_t v = 0;
+  try {
+    v = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  if (used > 0 && (unit.empty() || unit == "B")) return v;
+  if (used > 0 && (unit == "K" || unit == "KiB")) return v << 10;
+  if (used > 0 && (unit == "M" || unit == "MiB")) return v << 20;
+  if (used > 0 && (unit == "G" || unit == "GiB")) return v << 30;
+  throw ConfigError(fmt::format("--bytes '{}' is not a size: give bytes, or a number with "
+                                "K/KiB, M/MiB or G/GiB", text));
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::string bytes = "1GiB";
+  po::options_description desc("locus_h5_bandwidth options");
+  desc.add_options()("help,h", "print this help")
+      ("bytes", po::value(&bytes)->default_value(bytes), "dataset size (multiple of 16 MiB)")
+      ("cols", po::value(&o.cols)->default_value(o.cols), "float32 columns D of [N, D]")
+      ("dir", po::value(&o.dir)->default_value(o.dir), "directory for the test files")
+      ("reps", po::value(&o.reps)->default_value(o.reps), "repetitions (medians are reported)")
+      ("warmup", po::value(&o.warmup)->default_value(o.warmup), "untimed repetitions first")
+      ("chunk-rows", po::value(&o.chunk_rows)->default_value(o.chunk_rows),
+       "HDF5 chunk rows (0: library default)")
+      ("extendible", po::bool_switch(&o.extendible), "unlimited rows, as locus-ingest writes")
+      ("no-cold", "skip the cold-cache reads")
+      ("no-raw", "skip dd and cat (HDF5 only)")
+      ("keep", po::bool_switch(&o.keep), "leave the last rep's files in --dir");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError(fmt::format("{}: see locus_h5_bandwidth --help", e.what()));
+  }
+  if (vm.count("help") != 0) {
+    std::cout << desc << "\n";
+    o.help = true;
+  }
+  o.cold = vm.count("no-cold") == 0;
+  o.raw = vm.count("no-raw") == 0;
+  o.bytes = parse_size(bytes);
+  const std::uint64_t row_bytes = o.cols * sizeof(float);
+  if (o.cols == 0 || o.bytes == 0 || o.bytes % (std::uint64_t{16} << 20) != 0 ||
+      o.bytes % row_bytes != 0 || o.reps < 1 || o.warmup < 0) {
+    throw ConfigError(fmt::format("--bytes {} / --cols {} / --reps {}: give a size that is a "
+                                  "multiple of 16 MiB and of a row ({} bytes), and reps >= 1",
+                                  o.bytes, o.cols, o.reps, row_bytes));
+  }
+  return o;
+}
+
+// Small integers are exact in float32, so the check is exact.
+float value_at(std::uint64_t row, std::uint64_t col, std::uint64_t cols) {
+  return static_cast<float>((row * cols + col) % 16777213u);
+}
+
+const char* mode_name(H5D_mpio_actual_io_mode_t m) {
+  switch (m) {
+    case H5D_MPIO_NO_COLLECTIVE: return "independent";
+    case H5D_MPIO_CHUNK_INDEPENDENT: return "chunk-independent";
+    case H5D_MPIO_CHUNK_COLLECTIVE: return "chunk-collective";
+    case H5D_MPIO_CHUNK_MIXED: return "chunk-mixed";
+    case H5D_MPIO_CONTIGUOUS_COLLECTIVE: return "contiguous-collective";
+  }
+  return "?";
+}
+
+// Wall seconds of fn between two idle barriers: the slowest rank's time.
+template <class Fn> double timed(const mpi::Comm& comm, Fn&& fn) {
+  bench::idle_barrier(comm);
+  const double t0 = MPI_Wtime();
+  fn();
+  bench::idle_barrier(comm);
+  return MPI_Wtime() - t0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0.0 : (n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+}
+
+// Rank 0's local split of one timed HDF5 operation into phases (for the notes, not the ratio).
+class Phases {
+ public:
+  explicit Phases(std::vector<std::vector<double>>& into) : into_(into), t_(MPI_Wtime()) {}
+  void mark() {
+    const double now = MPI_Wtime();
+    if (into_.size() <= k_) into_.resize(k_ + 1);
+    into_[k_++].push_back(now - t_);
+    t_ = now;
+  }
+
+ private:
+  std::vector<std::vector<double>>& into_;
+  double t_;
+  std::size_t k_ = 0;
+};
+
+struct Series {
+  const char* label;
+  const char* key;
+  std::vector<double> seconds;
+};
+
+// The measured series, HDF5 beside its raw counterpart.
+enum Kind : std::size_t { h5_write, dd_write, h5_warm, cat_warm, h5_cold, cat_cold };
+
+class Bench {
+ public:
+  Bench(const mpi::Comm& comm, const Options& o)
+      : comm_(comm), o_(o), rows_(o.bytes / (o.cols * sizeof(float))),
+        mine_(h5::partition_rows(rows_, comm.rank(), comm.size())),
+        h5_path_(o.dir + "/locus_h5_bandwidth.h5"),
+        raw_path_(o.dir + "/locus_h5_bandwidth.raw"),
+        out_(mine_.count * o.cols), in_(mine_.count * o.cols, -1.0f) {
+    // -1, not 0: a zero-filled vector may come from calloc untouched, and the first read
+    // would then pay for page faults that later reps do not.
+    for (std::uint64_t r = 0; r < mine_.count; ++r)
+      for (std::uint64_t c = 0; c < o.cols; ++c)
+        out_[r * o.cols + c] = value_at(mine_.begin + r, c, o.cols);
+  }
+
+  void rep(int i) {
+    // Alternate which side goes first so a drift in load or cache state favours neither.
+    if (i % 2 == 0) {
+      hdf5_side();
+      if (o_.raw) raw_side();
+    } else {
+      if (o_.raw) raw_side();
+      hdf5_side();
+    }
+  }
+
+  void cleanup() {
+    bench::on_root(comm_, [&] {
+      bench::remove_file(h5_path_);
+      bench::remove_file(raw_path_);
+    });
+  }
+
+  std::vector<Series> series = {
+      {"hdf5 write+close+fsync", "h5_write", {}}, {"dd conv=fsync", "dd_write", {}},
+      {"hdf5 read warm", "h5_read_warm", {}},     {"cat warm", "cat_warm", {}},
+      {"hdf5 read cold", "h5_read_cold", {}},     {"cat cold", "cat_cold", {}}};  // by Kind
+  long wrong = 0;
+  H5D_mpio_actual_io_mode_t write_mode = H5D_MPIO_NO_COLLECTIVE;
+  H5D_mpio_actual_io_mode_t read_mode = H5D_MPIO_NO_COLLECTIVE;
+  double cold_resident = 0;  // largest resident fraction seen before a cold read
+  std::vector<std::vector<double>> write_phases;  // create, write_rows, close, fsync
+  std::vector<std::vector<double>> warm_phases;   // open, read_rows, close
+  std::vector<std::vector<double>> cold_phases;
+
+  std::uint64_t rows() const { return rows_; }
+
+ private:
+  template <class Fn> void measure(Kind k, Fn&& fn) {
+    series[k].seconds.push_back(timed(comm_, std::forward<Fn>(fn)));
+  }
+
+  void hdf5_side() {
+    bench::on_root(comm_, [&] { bench::remove_file(h5_path_); });
+    measure(h5_write, [&] { hdf5_write(); });
+    measure(h5_warm, [&] { hdf5_read(warm_phases); });
+    verify();
+    if (!o_.cold) return;
+    evict(h5_path_);
+    measure(h5_cold, [&] { hdf5_read(cold_phases); });
+    verify();
+  }
+
+  // dd and cat run on rank 0 alone while the other ranks sleep in the barrier.
+  void raw_side() {
+    bench::on_root(comm_, [&] { bench::remove_file(raw_path_); });
+    const std::string dd = bench::dd_write_command(raw_path_, o_.bytes);
+    const std::string cat = bench::cat_read_command(raw_path_);
+    auto shell = [&](const std::string& cmd) {
+      return [&, cmd] { bench::on_root(comm_, [&] { bench::run_shell(cmd); }); };
+    };
+    measure(dd_write, shell(dd));
+    measure(cat_warm, shell(cat));
+    if (!o_.cold) return;
+    evict(raw_path_);
+    measure(cat_cold, shell(cat));
+  }
+
+  // Timed: create → collective write → close → fsync (the durability dd conv=fsync gives).
+  void hdf5_write() {
+    Phases ph(write_phases);
+    h5::File f = h5::File::create(comm_, h5_path_);
+    {
+      h5::Dataset ds = h5::Dataset::create(
+          f, {.name = "/features", .dtype = h5::Dtype::f32, .rows = rows_, .cols = o_.cols,
+              .chunk_rows = o_.chunk_rows, .extendible = o_.extendible});
+      ph.mark();
+      ds.write_rows<float>(mine_.begin, out_);
+      write_mode = ds.last_transfer().mode;
+      ph.mark();
+    }
+    f.close();
+    ph.mark();
+    // One fsync flushes the file's pages whoever wrote them (one node, one page cache), as
+    // io::Publication::commit does before its rename.
+    bench::on_root(comm_, [&] { io::fsync_path(h5_path_, false); });
+    ph.mark();
+  }
+
+  // Timed: open → collective read → close.
+  void hdf5_read(std::vector<std::vector<double>>& phases) {
+    Phases ph(phases);
+    h5::File f = h5::File::open(comm_, h5_path_, h5::File::Mode::read);
+    {
+      h5::Dataset ds = h5::Dataset::open(f, "/features");
+      ph.mark();
+      ds.read_rows<float>(mine_.begin, in_);
+      read_mode = ds.last_transfer().mode;
+      ph.mark();
+    }
+    f.close();
+    ph.mark();
+  }
+
+  void verify() {
+    long bad = 0;
+    for (std::size_t i = 0; i < in_.size(); ++i) bad += in_[i] != out_[i] ? 1 : 0;
+    wrong += comm_.allreduce(bad, MPI_SUM);
+    std::fill(in_.begin(), in_.end(), -1.0f);  // the next read must bring its own data
+  }
+
+  void evict(const std::string& path) {
+    bench::on_root(comm_, [&] {
+      bench::evict_from_page_cache(path);
+      cold_resident = std::max(cold_resident, bench::resident_fraction(path));
+    });
+  }
+
+  const mpi::Comm& comm_;
+  const Options& o_;
+  std::uint64_t rows_;
+  h5::RowRange mine_;
+  std::string h5_path_, raw_path_;
+  std::vector<float> out_, in_;
+};
+
+// Bandwidth ratio hdf5/raw of two series: of their medians, and the median of the per-rep
+// ratios (each HDF5 run against the raw run of the same rep, which shares its load).
+struct Ratio {
+  double of_medians = 0;
+  double paired = 0;
+};
+
+Ratio ratio(const Series& h5, const Series& raw) {
+  Ratio r;
+  if (h5.seconds.empty() || raw.seconds.size() != h5.seconds.size()) return r;
+  r.of_medians = median(raw.seconds) / median(h5.seconds);
+  std::vector<double> per_rep;
+  for (std::size_t i = 0; i < h5.seconds.size(); ++i)
+    per_rep.push_back(raw.seconds[i] / h5.seconds[i]);
+  r.paired = median(per_rep);
+  return r;
+}
+
+std::string phase_medians(const std::vector<std::vector<double>>& phases) {
+  std::string t;
+  for (const auto& v : phases) t += fmt::format("{}{:.3f}", t.empty() ? "" : "/", median(v));
+  return t;
+}
+
+void print_results(const mpi::Comm& comm, const Options& o, const Bench& b) {
+  const double mb = static_cast<double>(o.bytes) / 1e6;
+  auto rate = [&](const Series& s) { return s.seconds.empty() ? 0.0 : mb / median(s.seconds); };
+  const char* yield = std::getenv("OMPI_MCA_mpi_yield_when_idle");
+  std::printf("# locus_h5_bandwidth: float32 [%llu, %llu] = %.1f MB, %d ranks, %d reps after "
+              "%d warm-up, dir %s (%s), %s, chunk_rows %llu%s, mpi_yield_when_idle=%s\n",
+              static_cast<unsigned long long>(b.rows()), static_cast<unsigned long long>(o.cols),
+              mb, comm.size(), o.reps, o.warmup, o.dir.c_str(),
+              bench::filesystem_type(o.dir).c_str(), o.extendible ? "extendible" : "fixed size",
+              static_cast<unsigned long long>(o.chunk_rows), o.chunk_rows ? "" : " (default)",
+              yield != nullptr ? yield : "unset");
+  std::printf("# %-24s %9s %9s %9s %9s\n", "", "median_s", "MB/s", "min_MB/s", "max_MB/s");
+  for (const Series& s : b.series) {
+    if (s.seconds.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(s.seconds.begin(), s.seconds.end());
+    std::printf("  %-24s %9.3f %9.1f %9.1f %9.1f\n", s.label, median(s.seconds), rate(s),
+                mb / *hi, mb / *lo);
+  }
+  const auto& sr = b.series;
+  const Ratio w = ratio(sr[h5_write], sr[dd_write]), warm = ratio(sr[h5_warm], sr[cat_warm]),
+              cold = ratio(sr[h5_cold], sr[cat_cold]);
+  if (o.raw) {
+    std::printf("# hdf5/raw bandwidth, ratio of medians (median of per-rep ratios), target "
+                ">= 0.90: write %.2f (%.2f), warm read %.2f (%.2f)",
+                w.of_medians, w.paired, warm.of_medians, warm.paired);
+    if (o.cold) std::printf(", cold read %.2f (%.2f)", cold.of_medians, cold.paired);
+    std::printf("\n");
+  }
+  std::printf("# transfer mode: write %s, read %s; cold reads began with <= %.1f%% of the file "
+              "cached; wrong values read back: %ld (%s)\n",
+              mode_name(b.write_mode), mode_name(b.read_mode), 100.0 * b.cold_resident,
+              b.wrong, b.wrong == 0 ? "OK" : "FAILED");
+  std::printf("# hdf5 phase medians on rank 0 (s): write create/write_rows/close/fsync %s; "
+              "warm read open/read_rows/close %s; cold %s\n",
+              phase_medians(b.write_phases).c_str(), phase_medians(b.warm_phases).c_str(),
+              phase_medians(b.cold_phases).c_str());
+  std::printf("summary ranks=%d", comm.size());
+  for (const Series& s : sr) std::printf(" %s=%.1f", s.key, rate(s));
+  std::printf(" write_ratio=%.3f warm_read_ratio=%.3f cold_read_ratio=%.3f write_paired=%.3f "
+              "warm_read_paired=%.3f cold_read_paired=%.3f wrong=%ld write_mode=%s "
+              "read_mode=%s\n",
+              w.of_medians, warm.of_medians, cold.of_medians, w.paired, warm.paired, cold.paired,
+              b.wrong, mode_name(b.write_mode), mode_name(b.read_mode));
+  std::fflush(stdout);
+}
+
+int run(mpi::Comm& world, int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  if (o.help) return 0;
+  mpi::Comm comm = world.dup();
+  Bench b(comm, o);
+  for (int i = 0; i < o.warmup; ++i) b.rep(i);
+  for (Series& s : b.series) s.seconds.clear();
+  b.write_phases.clear();
+  b.warm_phases.clear();
+  b.cold_phases.clear();
+  for (int i = 0; i < o.reps; ++i) b.rep(i);
+  if (!o.keep) b.cleanup();
+  if (comm.is_root()) print_results(comm, o, b);
+  return b.wrong == 0 ? exit_code::ok : exit_code::data;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // As locus-train and locus-infer do: a rank waiting in a collective yields its core instead
+  // of spinning, so on a shared node its peer (or dd/cat) gets the core. Set before MPI_Init,
+  // which reads it; an explicit setting wins (OMPI_MCA_mpi_yield_when_idle=0 to compare).
+  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+  return run_app(argc, argv, [&](mpi::Comm& world) { return run(world, argc, argv); });
+}
