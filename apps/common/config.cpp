@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string_view>
 
 #include <fmt/format.h>
 
+#include "locus/comm/agree.hpp"
 #include "locus/comm/error.hpp"
+#include "locus/comm/mpi.hpp"
 
 namespace po = boost::program_options;
 
@@ -207,7 +210,14 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
 
   po::variables_map vm;
   try {
-    auto parsed = po::command_line_parser(args).options(all).allow_unregistered().run();
+    // No prefix guessing: `--train.epoch=3` must be a typo with a suggestion, not a silent
+    // match of train.epochs (nor ambiguous once two keys share the prefix).
+    namespace cls = po::command_line_style;
+    auto parsed = po::command_line_parser(args)
+                      .options(all)
+                      .style(cls::default_style & ~cls::allow_guessing)
+                      .allow_unregistered()
+                      .run();
     for (const auto& o : parsed.options) {
       if (o.unregistered) {
         std::string key = o.string_key;
@@ -343,6 +353,22 @@ std::vector<std::int64_t> parse_int_list(const std::string& key, const std::stri
     out.push_back(v);
   }
   return out;
+}
+
+bool parse_or_answer(Config& config, const mpi::Comm& world, int argc, char** argv,
+                     const std::string& default_text, const std::function<void()>& convert) {
+  Config::Action action{};
+  mpi::agree_on(world, [&] {
+    action = config.parse(argc, argv, default_text);
+    if (action == Config::Action::run && convert) convert();
+  });
+  if (action == Config::Action::help && world.is_root()) {
+    std::fputs(config.help_text().c_str(), stdout);
+  }
+  if (action == Config::Action::print_config && world.is_root()) {
+    std::fputs(config.effective_ini().c_str(), stdout);
+  }
+  return action == Config::Action::run;
 }
 
 }  // namespace locus::app

@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+namespace locus::mpi {
+class Comm;
+}
+
 namespace locus::app {
 
 class Config {
@@ -53,6 +57,13 @@ class Config {
   std::unique_ptr<Impl> impl_;
   std::string config_path_;
 };
+
+// Collective over world: every rank parses the command line and the config (`default_text` when
+// no --config is given) and then runs `convert` (the app's settings → options), all inside one
+// agreement, so a bad key or value is the same ConfigError on every rank. --help and
+// --print-config are answered on rank 0. Returns true when the app should go on and run.
+bool parse_or_answer(Config& config, const mpi::Comm& world, int argc, char** argv,
+                     const std::string& default_text, const std::function<void()>& convert);
 
 // Range/choice checks for add(): return "" when fine, else a description of what is allowed.
 std::function<std::string(std::int64_t)> at_least(std::int64_t lo);

@@ -1,12 +1,10 @@
 // locus-ingest: parallel ingest of IDX/CSV inputs into a locus HDF5 dataset, behind
 // data-quality gates. Every rank parses and writes its own share.
-#include <cstdio>
 
 #include <fmt/format.h>
 
 #include "config.hpp"
 #include "ingest_options.hpp"
-#include "locus/comm/agree.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/io/ingest.hpp"
 
@@ -56,17 +54,9 @@ int main(int argc, char** argv) {
                               "behind data-quality gates (docs/FORMATS.md).");
     locus::app::IngestSettings settings;
     settings.register_options(config);
-    locus::app::Config::Action action{};
-    locus::mpi::agree_on(world, [&] {
-      action = config.parse(argc, argv, locus::app::default_pipeline_config());
-      if (action == locus::app::Config::Action::run) opts = settings.to_options(config);
-    });
-    if (action == locus::app::Config::Action::help) {
-      if (world.is_root()) std::fputs(config.help_text().c_str(), stdout);
-      return locus::exit_code::ok;
-    }
-    if (action == locus::app::Config::Action::print_config) {
-      if (world.is_root()) std::fputs(config.effective_ini().c_str(), stdout);
+    if (!locus::app::parse_or_answer(config, world, argc, argv,
+                                     locus::app::default_pipeline_config(),
+                                     [&] { opts = settings.to_options(config); })) {
       return locus::exit_code::ok;
     }
     const auto result = locus::io::run_ingest(world, opts);

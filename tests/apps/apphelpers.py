@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import h5py
 import numpy as np
@@ -58,19 +59,25 @@ def no_outputs(path):
     return not os.path.exists(path) and not os.path.exists(os.path.join(d, "." + name + ".locus-tmp"))
 
 
-def main(tests):
-    """Runs test functions; args: BINDIR RANKS. Prints 'N passed, N failed'."""
+def main(tests, once=()):
+    """Runs test functions; args: BINDIR RANKS. Prints 'N passed, N failed'.
+
+    Tests in `once` check what does not depend on the rank count (option errors, --help) and run
+    only in the 2-rank instance of a suite (every rank count when LOCUS_APP_TESTS=all), so CI
+    does not pay for them three times."""
     bindir, ranks = sys.argv[1], int(sys.argv[2])
     runner = AppRunner(bindir, ranks)
+    everything = os.environ.get("LOCUS_APP_TESTS") == "all"
     passed = failed = 0
-    for t in tests:
+    for t in list(tests) + [t for t in once if ranks == 2 or everything]:
         with tempfile.TemporaryDirectory(prefix="locus-app-") as tmp:
+            start = time.monotonic()
             try:
                 t(runner, tmp)
-                print(f"[ OK ] {t.__name__}", flush=True)
+                print(f"[ OK ] {t.__name__} ({time.monotonic() - start:.1f} s)", flush=True)
                 passed += 1
             except Exception as e:  # noqa: BLE001 - report every failure
-                print(f"[FAIL] {t.__name__}: {e}", flush=True)
+                print(f"[FAIL] {t.__name__} ({time.monotonic() - start:.1f} s): {e}", flush=True)
                 failed += 1
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)

@@ -287,6 +287,7 @@ def test_documented_h5py_dataset_is_readable(r, tmp):
 if __name__ == "__main__":
     main([test_fashion_mnist_train_and_test, test_csv_matches_serial_parse,
           test_every_gate_fires_and_publishes_nothing, test_nonfinite_drop_counts,
-          test_validate_only_writes_report_only, test_bad_inputs_give_clear_errors_and_no_output,
-          test_config_errors_name_the_key, test_append_equals_full_ingest_and_survives_a_crash,
-          test_documented_h5py_dataset_is_readable])
+          test_bad_inputs_give_clear_errors_and_no_output,
+          test_append_equals_full_ingest_and_survives_a_crash,
+          test_documented_h5py_dataset_is_readable],
+         once=[test_validate_only_writes_report_only, test_config_errors_name_the_key])
