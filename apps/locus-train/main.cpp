@@ -1,0 +1,144 @@
+// locus-train: data-parallel MLP training on a locus dataset, with per-epoch distributed
+// evaluation, JSON-lines metrics, checkpoints (resume, exit 75 on a preemption signal) and a
+// model file PyTorch can load.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "locus/comm/agree.hpp"
+#include "locus/comm/app.hpp"
+#include "locus/train/grid.hpp"
+#include "locus/train/checkpoint.hpp"
+#include "locus/train/model_file.hpp"
+#include "locus/train/preempt.hpp"
+#include "locus/train/trainer.hpp"
+#include "progress.hpp"
+#include "train_options.hpp"
+
+namespace {
+
+using namespace locus;
+
+// Prints on world rank 0 (the Checkpointer calls it there only).
+void say(const std::string& line) {
+  std::fputs((line + "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+int train_main(mpi::Comm& world, int argc, char** argv) {
+  const auto t0 = std::chrono::steady_clock::now();
+  app::Config config("locus-train",
+                     "Trains an MLP on a locus dataset with data-parallel MPI ranks, evaluates "
+                     "it on the test set every epoch, checkpoints it and writes a model file.");
+  app::TrainSettings settings;
+  settings.register_options(config);
+  train::TrainOptions opts;
+  train::CheckpointOptions ckpt;
+  std::vector<std::string> args = app::resume_alias(argc, argv);
+  std::vector<char*> argv2;
+  for (auto& a : args) argv2.push_back(a.data());
+  if (!app::parse_or_answer(config, world, static_cast<int>(argv2.size()), argv2.data(),
+                            app::default_pipeline_config(), [&] {
+                              opts = settings.to_options();
+                              ckpt = settings.checkpoint_options();
+                            })) {
+    return exit_code::ok;
+  }
+  // First: from here on a preemption signal is a request to checkpoint, not a kill.
+  std::optional<train::PreemptSignals> signals;
+  if (!ckpt.signals.empty()) signals.emplace(ckpt.signals);
+  if (ckpt.dir.empty() && world.is_root()) {
+    say("note: checkpoint.dir is empty: no checkpoints; SIGUSR1/SIGUSR2 are ignored");
+  }
+
+  // A stage count that does not divide the ranks fails alike on every rank: agreed, exit 2.
+  const train::Grid grid = [&] {
+    std::optional<train::Grid> g;
+    mpi::agree_on(world, [&] { g.emplace(world, opts.pipeline_stages); });
+    return std::move(*g);
+  }();
+  std::optional<train::Trainer> trainer(std::in_place, grid, opts);
+  std::optional<train::Checkpointer> checkpointer(
+      std::in_place, *trainer, ckpt, config.effective_ini(),
+      world.is_root() ? train::Checkpointer::Log(say) : train::Checkpointer::Log());
+  const train::ResumeResult resumed = checkpointer->resume(settings.ckpt_resume);
+  // After the resume: a resumed run keeps the metrics lines up to its checkpoint's step.
+  train::JsonlMetrics metrics(grid.world(), settings.metrics,
+                              resumed.resumed ? resumed.meta.step : -1);
+  app::Progress progress(world.is_root(), opts.epochs);
+  train::ObserverList observers;
+  observers.add(&metrics);
+  observers.add(&progress);
+  progress.header(*trainer);
+  if (resumed.resumed && world.is_root()) {
+    const train::CheckpointMeta& m = resumed.meta;
+    say(fmt::format("resumed from {}: step {} of {} (epoch {}, {} samples into it)",
+                    resumed.path, m.step, trainer->planned_steps(), m.epoch + 1,
+                    m.samples_in_epoch));
+    for (const auto& n : resumed.notes) say("  note: " + n);
+  }
+  const train::TrainSummary summary = trainer->train(&observers, -1, &*checkpointer);
+  checkpointer->wait();
+  const int signal = checkpointer->stopped_by_signal();
+  const train::Mlp model = trainer->state().model;
+  const std::int64_t steps = trainer->state().step;
+  checkpointer.reset();
+  // Collective: closes the datasets and stops the loaders' threads, so the model file is the
+  // only HDF5 user left (HDF5 is not thread-safe, see loader.hpp).
+  trainer.reset();
+  if (signal != 0) {
+    if (world.is_root()) {
+      say(fmt::format("stopped by {} after step {}: exit {} (requeue me; rerun with "
+                      "--resume=auto to continue)",
+                      train::signal_name(signal), steps, exit_code::requeue));
+    }
+    return exit_code::requeue;
+  }
+
+  if (!settings.output.empty()) {
+    train::ModelInfo info;
+    info.spec = opts.model;
+    info.loss = opts.loss;
+    info.num_classes = opts.model.widths.back();
+    info.trained_steps = steps;
+    info.dataset = opts.data.path;
+    info.config = config.effective_ini();
+    train::write_model_file(grid.world(), settings.output, model, info);
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  progress.summary(opts, summary, settings.output, wall);
+  return exit_code::ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Every rank runs two threads (the trainer and the loader's producer), so a core is always
+  // shared: a rank waiting for its peers in the gradient all-reduce must give the core to its
+  // producer (and, on a shared node, to the peer it waits for) instead of spinning. Open MPI
+  // then calls sched_yield() from its progress loop when idle -- a no-op when nothing else
+  // wants the core. Set before MPI_Init (which reads it); an explicit setting wins.
+  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+  // Beyond a file size limit (ulimit -f) a write must fail with EFBIG, reported as an IoError
+  // naming the file, instead of killing the rank.
+  std::signal(SIGXFSZ, SIG_IGN);
+  // SIGUSR1/2 are preemption warnings (Slurm's --signal), fatal by default. Ignored outside
+  // the training loop (and throughout when checkpoint.dir is empty: nothing to save), so a
+  // warning that lands at start-up or after the model is written does not kill the job; the
+  // scheduler still ends it with SIGTERM/SIGKILL (and, with PreemptMode=REQUEUE, requeues it).
+  // While training, PreemptSignals turns them into a checkpoint and exit 75.
+  std::signal(SIGUSR1, SIG_IGN);
+  std::signal(SIGUSR2, SIG_IGN);
+  // MPI_THREAD_MULTIPLE: the loader's producer thread reads (MPI-IO) while the main thread
+  // all-reduces gradients.
+  return locus::run_app(
+      argc, argv, [&](locus::mpi::Comm& world) { return train_main(world, argc, argv); },
+      MPI_THREAD_MULTIPLE);
+}

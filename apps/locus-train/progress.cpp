@@ -1,0 +1,63 @@
+// Rank 0's progress lines for locus-train.
+#include "progress.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+namespace locus::app {
+
+void Progress::header(const train::Trainer& t) const {
+  if (!enabled_) return;
+  const auto& o = t.options();
+  fmt::print("training {} {} on {} ({} steps/epoch x {} epochs{}, global batch {}, {} shuffle)\n",
+             train::format_widths(o.model.widths), train::to_string(o.model.activation),
+             o.data.path, t.steps_per_epoch(), o.epochs,
+             o.max_steps > 0 ? fmt::format(", at most {} steps", o.max_steps) : "",
+             o.data.global_batch, o.data.shuffle == train::Shuffle::global ? "global" : "local");
+  fmt::print("  {}; {} BLAS thread{} per rank; {} {}, lr {:g} ({}), loss {}\n",
+             t.grid().describe(), o.threads, o.threads == 1 ? "" : "s",
+             train::to_string(o.optimizer.kind),
+             o.optimizer.kind == train::OptimizerKind::sgd
+                 ? fmt::format("momentum {:g}{}", o.optimizer.momentum,
+                               o.optimizer.nesterov ? " nesterov" : "")
+                 : fmt::format("betas {:g},{:g}", o.optimizer.beta1, o.optimizer.beta2),
+             o.schedule.base_lr, train::to_string(o.schedule.kind), train::to_string(o.loss));
+  if (const train::StagePartition* p = t.partition()) {
+    fmt::print("  {} micro-batch{} per step, {} schedule; {}\n", o.micro_batches,
+               o.micro_batches == 1 ? "" : "es", train::to_string(o.pipeline_schedule),
+               p->describe());
+  }
+  std::fflush(stdout);
+}
+
+void Progress::on_epoch(const train::EpochMetrics& m) {
+  if (!enabled_) return;
+  std::string eval;
+  if (m.evaluated) {
+    eval = fmt::format(" | test loss {:.4f} acc {:.4f}", m.eval.loss, m.eval.accuracy);
+  }
+  fmt::print("epoch {:>3}/{} step {:>6}  train loss {:.4f} acc {:.4f}{} | {:.0f} samples/s, "
+             "data wait {:.1f}%, all-reduce hidden {:.0f}% | {:.1f} s\n",
+             m.epoch + 1, epochs_, m.step, m.train_loss, m.train_accuracy, eval,
+             m.samples_per_s, 100.0 * m.data_wait_fraction, 100.0 * m.hidden_fraction,
+             m.seconds);
+  std::fflush(stdout);
+}
+
+void Progress::summary(const train::TrainOptions& options, const train::TrainSummary& s,
+                       const std::string& model_path, double wall_s) const {
+  if (!enabled_) return;
+  fmt::print("trained {} steps ({} samples) in {:.2f} s: {:.0f} samples/s, data wait {:.2f}%, "
+             "all-reduce {:.2f} s ({:.0f}% hidden); evaluation {:.2f} s; wall {:.2f} s\n",
+             s.steps, s.samples, s.seconds, s.samples_per_s, 100.0 * s.data_wait_fraction,
+             s.allreduce_s, 100.0 * s.hidden_fraction, s.eval_seconds, wall_s);
+  if (s.evaluated) {
+    fmt::print("test accuracy {:.4f} (loss {:.4f}) on {} rows of {}\n", s.eval.accuracy,
+               s.eval.loss, s.eval.rows, options.eval_path);
+  }
+  if (!model_path.empty()) fmt::print("model written to {}\n", model_path);
+  std::fflush(stdout);
+}
+
+}  // namespace locus::app

@@ -1,0 +1,137 @@
+// The data-parallel trainer: a step is read batch → forward/loss/backward (each layer's
+// gradient all-reduced while earlier layers still compute) → clip → optimizer step, on the
+// data-parallel communicator of a Grid; per-epoch distributed evaluation; metrics to an
+// observer. The loop sees two interfaces chosen at start-up: the compute backend and the
+// gradient reducer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "locus/comm/reducer.hpp"
+#include "locus/train/grid.hpp"
+#include "locus/train/loader.hpp"
+#include "locus/train/loss.hpp"
+#include "locus/train/metrics.hpp"
+#include "locus/train/model.hpp"
+#include "locus/train/optimizer.hpp"
+#include "locus/train/pipeline.hpp"
+#include "locus/train/schedule.hpp"
+#include "locus/train/train_state.hpp"
+
+namespace locus::train {
+
+// Plain options (apps/locus-train maps the config file onto them; key names in messages are
+// the config keys).
+struct TrainOptions {
+  ModelSpec model;
+  Loss loss = Loss::softmax_cross_entropy;  // mse regresses one-hot encoded labels
+  OptimizerOptions optimizer;
+  ScheduleOptions schedule;       // total_steps = 0: the planned steps of this run
+  double clip_max_norm = 0.0;     // > 0: clip the gradient's global L2 norm to this
+  std::int64_t epochs = 1;
+  std::int64_t max_steps = 0;     // > 0: stop after this many steps (if before the last epoch)
+  LoaderOptions data;             // training set, global batch, shuffle, seed, prefetch, budget
+  std::string eval_path;          // evaluation set; "" for none
+  std::int64_t eval_batch = 1000; // global rows per evaluation batch
+  std::int64_t eval_every = 1;    // evaluate every this many epochs (0: only at the end)
+  std::int64_t log_every = 50;    // steps per StepMetrics interval (0: only at epoch ends)
+  // Pipeline parallelism (pipeline.hpp): pipeline_stages must equal the grid's. With more than
+  // one stage, or more than one micro-batch (gradient accumulation on one stage), a step runs
+  // through the pipeline engine: the loader feeds stage 0 only, the last stage computes the
+  // loss and evaluation, metrics are shared over the stages.
+  int pipeline_stages = 1;
+  int micro_batches = 1;          // per step and replica
+  PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
+  std::vector<int> stage_boundaries;  // first layers of stages 1..S-1; empty: balanced
+  int threads = 1;                // BLAS threads per rank
+  std::string backend = "cpu";    // compute backend
+  comm::ReducerOptions reducer;   // mode is set by the trainer (sums of pre-divided grads)
+};
+
+// Local checks of the options alone (ConfigError naming the config key); the trainer runs
+// them on every rank and agrees on the verdict.
+void validate(const TrainOptions& options);
+
+struct TrainSummary {
+  std::int64_t steps = 0;          // steps taken by this call of train()
+  std::int64_t samples = 0;        // global samples trained on by this call
+  double seconds = 0;              // training loop time (evaluation excluded)
+  double eval_seconds = 0;
+  double samples_per_s = 0;
+  double data_wait_fraction = 0;   // share of the loop time spent waiting for batches
+  double allreduce_s = 0;
+  double hidden_fraction = 0;      // share of the all-reduce time hidden behind backward
+  double last_train_loss = 0;      // mean loss of the last completed epoch (or interval)
+  bool evaluated = false;
+  EvalMetrics eval;                // the last evaluation, when evaluated
+  bool finished = false;           // the planned steps are all done
+};
+
+class Trainer;
+
+// A step boundary: after an optimizer step's metrics were reported and, when the step ended
+// an epoch or the run, after the epoch's metrics and evaluation (state() then already points
+// at the next epoch).
+struct StepBoundary {
+  std::int64_t step = 0;   // state().step
+  bool epoch_end = false;  // the step completed an epoch
+  bool last = false;       // the step was the run's last planned step
+};
+
+// Called by Trainer::train at every step boundary, on every rank of the trainer's world in
+// the same order, so it may run collectives over that world (checkpoint triggers, an agreed
+// stop flag). Returning true stops training there: train() returns with finished = false and
+// the state resumable.
+class StepHook {
+ public:
+  virtual ~StepHook() = default;
+  virtual bool at_step_boundary(Trainer& trainer, const StepBoundary& boundary) = 0;
+};
+
+class Trainer {
+ public:
+  // Collective over grid.world(). Validates the options, opens the training and evaluation
+  // sets, checks the model against them (input width = features, output width = classes),
+  // initialises the state from the seed and builds the compute backend and the reducer. Any
+  // failure is thrown on every rank alike (ConfigError/DataError/IoError).
+  Trainer(const Grid& grid, TrainOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Collective over grid.world(). Trains from state() -- fresh, or restored by assigning to
+  // it -- until the planned steps are done, or until state().step reaches stop_at_step when
+  // it is >= 0 (a resumable stop in the middle of an epoch). Reports to observer on every
+  // rank. On return state() is current (synced from the backend). `hook`, when given, runs
+  // at every step boundary and may stop training early.
+  TrainSummary train(TrainObserver* observer = nullptr, std::int64_t stop_at_step = -1,
+                     StepHook* hook = nullptr);
+
+  // Collective over grid.dp(): every rank scores its part of the evaluation set with the
+  // current parameters; loss and accuracy are summed over the ranks. Needs eval_path.
+  EvalMetrics evaluate();
+
+  TrainState& state() noexcept;
+  const TrainState& state() const noexcept;
+  // state() made current from the compute backend (a device-to-host copy; nothing on the
+  // CPU): what a StepHook reads before saving.
+  const TrainState& synced_state();
+  const TrainOptions& options() const noexcept;
+  const Grid& grid() const noexcept;
+  std::int64_t steps_per_epoch() const noexcept;
+  // min(epochs * steps_per_epoch, max_steps when > 0)
+  std::int64_t planned_steps() const noexcept;
+  // Classes of the training set (its num_classes attribute; 0 when it has none).
+  std::int64_t num_classes() const noexcept;
+  // The cut of the model into stages when the pipeline engine trains (nullptr otherwise).
+  const StagePartition* partition() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace locus::train

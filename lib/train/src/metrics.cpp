@@ -1,0 +1,138 @@
+// Metrics as JSON lines (rank 0 writes, every rank agrees on whether the file opened) and the
+// observer fan-out.
+#include "locus/train/metrics.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "locus/comm/agree.hpp"
+#include "locus/comm/error.hpp"
+#include "locus/io/json.hpp"
+
+namespace locus::train {
+
+void ObserverList::on_step(const StepMetrics& m) {
+  for (auto* o : list_) o->on_step(m);
+}
+
+void ObserverList::on_epoch(const EpochMetrics& m) {
+  for (auto* o : list_) o->on_epoch(m);
+}
+
+std::string to_json(const StepMetrics& m) {
+  io::JsonWriter w;
+  w.begin_object()
+      .key("type").value("step")
+      .key("step").value(m.step)
+      .key("epoch").value(m.epoch)
+      .key("step_in_epoch").value(m.step_in_epoch)
+      .key("steps").value(m.steps)
+      .key("samples").value(m.samples)
+      .key("loss").value(m.loss)
+      .key("accuracy").value(m.accuracy)
+      .key("lr").value(m.lr);
+  if (m.grad_norm >= 0) w.key("grad_norm").value(m.grad_norm);
+  w.key("seconds").value(m.seconds)
+      .key("samples_per_s").value(m.samples_per_s)
+      .key("allreduce_s").value(m.allreduce_s)
+      .key("allreduce_blocked_s").value(m.allreduce_blocked_s)
+      .key("hidden_fraction").value(m.hidden_fraction)
+      .key("data_wait_s").value(m.data_wait_s)
+      .key("data_wait_fraction").value(m.data_wait_fraction)
+      .end_object();
+  return w.str();
+}
+
+std::string to_json(const EpochMetrics& m) {
+  io::JsonWriter w;
+  w.begin_object()
+      .key("type").value("epoch")
+      .key("epoch").value(m.epoch)
+      .key("step").value(m.step)
+      .key("samples").value(m.samples)
+      .key("train_loss").value(m.train_loss)
+      .key("train_accuracy").value(m.train_accuracy)
+      .key("seconds").value(m.seconds)
+      .key("samples_per_s").value(m.samples_per_s)
+      .key("data_wait_fraction").value(m.data_wait_fraction)
+      .key("hidden_fraction").value(m.hidden_fraction);
+  if (m.evaluated) {
+    w.key("eval_rows").value(m.eval.rows)
+        .key("eval_loss").value(m.eval.loss)
+        .key("eval_accuracy").value(m.eval.accuracy)
+        .key("eval_seconds").value(m.eval.seconds);
+  }
+  w.end_object();
+  return w.str();
+}
+
+namespace {
+
+// The "step" value of one metrics line (step and epoch lines both carry it); -1 if none.
+std::int64_t step_of(const std::string& line) {
+  const std::string key = "\"step\":";
+  const auto at = line.find(key);
+  if (at == std::string::npos) return -1;
+  return std::strtoll(line.c_str() + at + key.size(), nullptr, 10);
+}
+
+// The lines of an existing metrics file up to and including `step` (a resumed run continues
+// after it; lines past it came from steps the interrupted run did not checkpoint).
+std::string lines_through(const std::string& path, std::int64_t step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && step_of(line) <= step) kept += line + "\n";
+  }
+  return kept;
+}
+
+}  // namespace
+
+JsonlMetrics::JsonlMetrics(const mpi::Comm& comm, const std::string& path,
+                           std::int64_t resumed_step)
+    : path_(path) {
+  if (path.empty()) return;
+  mpi::agree_on(comm, [&] {
+    if (!comm.is_root()) return;
+    const std::filesystem::path p(path);
+    std::error_code ec;
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+    const std::string kept = resumed_step >= 0 ? lines_through(path, resumed_step) : "";
+    file_ = std::fopen(path.c_str(), "w");
+    if (file_ == nullptr) {
+      throw IoError(fmt::format("cannot create the metrics file '{}': {}; set train.metrics "
+                                "to a writable path, or to empty to disable it",
+                                path, std::strerror(errno)));
+    }
+    if (!kept.empty()) write_line(kept.substr(0, kept.size() - 1));
+  });
+}
+
+JsonlMetrics::~JsonlMetrics() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void JsonlMetrics::write_line(const std::string& line) {
+  if (file_ == nullptr) return;
+  // Flushed per line so `tail -f` follows a running job and a killed job keeps its history.
+  if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF ||
+      std::fflush(file_) != 0) {
+    // Only rank 0 writes: throwing here would strand its peers in the next collective, so a
+    // failed metrics write is reported and the file dropped; training goes on.
+    std::fprintf(stderr, "warning: writing the metrics file '%s' failed (%s); metrics are no "
+                         "longer recorded\n", path_.c_str(), std::strerror(errno));
+    std::fclose(file_);
+    file_ = nullptr;
+  }
+}
+
+void JsonlMetrics::on_step(const StepMetrics& m) { write_line(to_json(m)); }
+void JsonlMetrics::on_epoch(const EpochMetrics& m) { write_line(to_json(m)); }
+
+}  // namespace locus::train

@@ -1,0 +1,204 @@
+// The training loop: epochs of steps from the loader, metrics per log interval and per
+// epoch, evaluation at epoch ends. Everything it reads is a function of (seed, epoch, step)
+// plus TrainState, so a run stopped at any step and restored continues bit for bit.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "locus/comm/agree.hpp"
+#include "locus/train/clip.hpp"
+#include "locus/train/schedule.hpp"
+#include "trainer_impl.hpp"
+
+namespace locus::train {
+
+using detail::Clock;
+using detail::Mark;
+using detail::Sums;
+
+namespace {
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+// Share of the all-reduce time the loop did not wait for.
+double hidden(double comm_s, double blocked_s) {
+  return comm_s > 0 ? std::clamp(1.0 - blocked_s / comm_s, 0.0, 1.0) : 0.0;
+}
+
+}  // namespace
+
+Mark Trainer::Impl::mark() const {
+  const comm::ReduceTimes& t = reduce_stats().total;
+  return Mark{Clock::now(), state.step, t.comm_s, t.blocked_s,
+              loader ? loader->wait_seconds() : 0.0};
+}
+
+LossStats Trainer::Impl::step(const LoadedBatch& b) {
+  LOCUS_ASSERT(b.epoch == state.epoch && b.step == state.step_in_epoch,
+               fmt::format("the loader handed out batch (epoch {}, step {}) where the trainer "
+                           "expected (epoch {}, step {})",
+                           b.epoch, b.step, state.epoch, state.step_in_epoch));
+  const LossStats stats =
+      compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
+                                static_cast<double>(b.global_rows), on_grads_ready);
+  if (reducer) reducer->finish();  // the pipeline engine completes its own
+  float scale = 1.0f;
+  if (opts.clip_max_norm > 0) {
+    last_norm = compute->grad_norm();
+    scale = clip_factor(last_norm, opts.clip_max_norm);
+  }
+  last_lr = learning_rate(opts.schedule, state.step);
+  compute->optimizer_step(last_lr, scale);
+  ++state.step;
+  ++state.step_in_epoch;
+  return stats;
+}
+
+StepMetrics Trainer::Impl::interval(const Mark& since, const Sums& local) {
+  const Mark now = mark();
+  const Sums all = reduce(local);
+  StepMetrics m;
+  m.step = state.step;
+  m.epoch = state.epoch;
+  m.step_in_epoch = state.step_in_epoch;
+  m.steps = state.step - since.step;
+  m.samples = static_cast<std::int64_t>(all.rows);
+  m.loss = ratio(all.loss, all.rows);
+  m.accuracy = ratio(all.correct, all.rows);
+  m.lr = last_lr;
+  m.grad_norm = last_norm;
+  m.seconds = seconds_between(since.time, now.time);
+  m.samples_per_s = ratio(all.rows, m.seconds);
+  m.allreduce_s = now.comm_s - since.comm_s;
+  m.allreduce_blocked_s = now.blocked_s - since.blocked_s;
+  m.hidden_fraction = hidden(m.allreduce_s, m.allreduce_blocked_s);
+  m.data_wait_s = now.wait_s - since.wait_s;
+  m.data_wait_fraction = ratio(m.data_wait_s, m.seconds);
+  return m;
+}
+
+// Epoch-end metrics from `since` (the epoch's start) with the epoch's local sums.
+EpochMetrics Trainer::Impl::epoch_metrics(const Mark& since, const Sums& local) {
+  const Mark now = mark();
+  const Sums all = reduce(local);
+  EpochMetrics e;
+  e.epoch = state.epoch;
+  e.step = state.step;
+  e.samples = static_cast<std::int64_t>(all.rows);
+  e.train_loss = ratio(all.loss, all.rows);
+  e.train_accuracy = ratio(all.correct, all.rows);
+  e.seconds = seconds_between(since.time, now.time);
+  e.samples_per_s = ratio(all.rows, e.seconds);
+  e.data_wait_fraction = ratio(now.wait_s - since.wait_s, e.seconds);
+  e.hidden_fraction = hidden(now.comm_s - since.comm_s, now.blocked_s - since.blocked_s);
+  return e;
+}
+
+void Trainer::Impl::close_interval(Running& run, TrainObserver& obs) {
+  if (state.step == run.interval_start.step) return;
+  obs.on_step(interval(run.interval_start, run.interval));
+  run.interval = {};
+  run.interval_start = mark();
+}
+
+Sums Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs) {
+  Sums epoch;
+  if (loader) loader->start_epoch(state.epoch, state.step_in_epoch);
+  while (state.step_in_epoch < steps_per_epoch && state.step < limit) {
+    const LoadedBatch* b = next_batch();
+    LOCUS_ASSERT(b != nullptr, fmt::format("the loader ended epoch {} after {} of {} steps",
+                                           state.epoch, state.step_in_epoch, steps_per_epoch));
+    const LossStats s = step(*b);
+    run.interval.add(s);
+    run.total.add(s);
+    epoch.add(s);
+    if (opts.log_every > 0 && state.step % opts.log_every == 0) close_interval(run, obs);
+    // The boundaries that end the epoch or the run come after end_epoch (see train()).
+    const bool ends_epoch = state.step_in_epoch == steps_per_epoch || state.step == planned_steps;
+    if (!ends_epoch && boundary(run, false)) break;
+  }
+  return epoch;
+}
+
+bool Trainer::Impl::boundary(Running& run, bool epoch_end) {
+  if (run.hook == nullptr) return false;
+  const StepBoundary b{state.step, epoch_end, state.step == planned_steps};
+  run.stopped = run.hook->at_step_boundary(*run.self, b);
+  return run.stopped;
+}
+
+void Trainer::Impl::end_epoch(const Mark& since, const Sums& local, Running& run,
+                              TrainObserver& obs) {
+  const bool epoch_done = state.step_in_epoch == steps_per_epoch;
+  const bool run_done = state.step == planned_steps;
+  close_interval(run, obs);
+  EpochMetrics e = epoch_metrics(since, local);
+  run.summary.last_train_loss = e.train_loss;
+  if (has_eval &&
+      (run_done || (opts.eval_every > 0 && (state.epoch + 1) % opts.eval_every == 0))) {
+    e.eval = evaluate();
+    e.evaluated = true;
+    run.summary.eval_seconds += e.eval.seconds;
+    run.summary.evaluated = true;
+    run.summary.eval = e.eval;
+  }
+  if (epoch_done) {
+    ++state.epoch;
+    state.step_in_epoch = 0;
+  }
+  obs.on_epoch(e);
+  run.interval_start = mark();  // evaluation time is not training time
+}
+
+TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
+                            StepHook* hook) {
+  Impl& m = *impl_;
+  TrainState& st = m.state;
+  // A restored state is the same on every rank: so is the verdict, agreed for a clean exit.
+  mpi::agree_on(m.grid.world(), [&] { st.check(); });
+  TrainObserver none;
+  TrainObserver& obs = observer != nullptr ? *observer : none;
+  const std::int64_t limit =
+      stop_at_step >= 0 ? std::min(stop_at_step, m.planned_steps) : m.planned_steps;
+
+  const Mark start = m.mark();
+  Impl::Running run;
+  run.interval_start = start;
+  run.hook = hook;
+  run.self = this;
+  while (st.step < limit && !run.stopped) {
+    if (st.step_in_epoch >= m.steps_per_epoch) {  // restored exactly at an epoch boundary
+      ++st.epoch;
+      st.step_in_epoch = 0;
+    }
+    const Mark epoch_start = m.mark();
+    const Sums epoch = m.train_epoch_steps(limit, run, obs);
+    const bool epoch_done = st.step_in_epoch == m.steps_per_epoch;
+    // Stopped at stop_at_step or by the hook.
+    if (run.stopped || (!epoch_done && st.step != m.planned_steps)) break;
+    m.end_epoch(epoch_start, epoch, run, obs);
+    m.boundary(run, epoch_done);
+  }
+  m.close_interval(run, obs);
+  m.compute->sync_to_host();
+
+  const Mark end = m.mark();
+  TrainSummary& summary = run.summary;
+  summary.steps = st.step - start.step;
+  summary.samples = static_cast<std::int64_t>(m.reduce(run.total).rows);
+  summary.seconds = seconds_between(start.time, end.time) - summary.eval_seconds;
+  summary.samples_per_s = ratio(static_cast<double>(summary.samples), summary.seconds);
+  summary.data_wait_fraction = ratio(end.wait_s - start.wait_s, summary.seconds);
+  summary.allreduce_s = end.comm_s - start.comm_s;
+  summary.hidden_fraction = hidden(summary.allreduce_s, end.blocked_s - start.blocked_s);
+  summary.finished = st.step >= m.planned_steps;
+  return summary;
+}
+
+EvalMetrics Trainer::evaluate() { return impl_->evaluate(); }
+
+}  // namespace locus::train

@@ -1,0 +1,272 @@
+// The trainer's construction (options and dataset checks agreed on every rank, then the
+// state, backend and reducer), evaluation and accessors. The loop is in train_loop.cpp.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "locus/comm/agree.hpp"
+#include "locus/io/attribute.hpp"
+#include "locus/io/file.hpp"
+#include "locus/train/blas.hpp"
+#include "trainer_impl.hpp"
+
+namespace locus::train {
+
+namespace {
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw ConfigError(message);
+}
+
+// Collective over grid.world(): the options are the same on every rank, but a throw must be
+// marked agreed so the app exits cleanly on every rank.
+TrainOptions checked(const Grid& grid, TrainOptions o) {
+  mpi::agree_on(grid.world(), [&] {
+    validate(o);
+    require(o.pipeline_stages == grid.pipeline_stages(),
+            fmt::format("train.pipeline_stages = {} but the process grid has {} stages: build "
+                        "the Grid with the same value",
+                        o.pipeline_stages, grid.pipeline_stages()));
+    set_blas_threads(o.threads);
+  });
+  return o;
+}
+
+LoaderOptions eval_loader_options(const TrainOptions& o) {
+  LoaderOptions e = o.data;
+  e.path = o.eval_path;
+  e.global_batch = o.eval_batch;
+  e.shuffle = Shuffle::none;
+  e.drop_last = false;
+  e.prefetch_depth = std::min(o.data.prefetch_depth, 2);
+  return e;
+}
+
+// Collective over comm: the num_classes attribute of a dataset, or 0 if it has none (a
+// plain HDF5 file with /features and /labels). Called before any Loader exists (loader.hpp:
+// HDF5 calls on other threads would need hdf5_mutex()).
+std::int64_t read_num_classes(const mpi::Comm& comm, const std::string& path) {
+  h5::File file = h5::File::open(comm, path, h5::File::Mode::read);
+  std::int64_t classes = 0;
+  if (h5::has_attr(file.id(), "num_classes")) {
+    classes = h5::read_attr<std::int64_t>(file.id(), "num_classes");
+  }
+  file.close();
+  return classes;
+}
+
+// The model must fit the data: its input width is the feature count and, for labelled data,
+// its output width the class count. `what` is "training" or "evaluation".
+void check_fit(const TrainOptions& o, const Loader& loader, std::int64_t classes,
+               const std::string& path, const char* what) {
+  const auto& w = o.model.widths;
+  if (loader.cols() != w.front()) {
+    throw ConfigError(fmt::format(
+        "model.widths = {} takes {} input features, but the {} set {} has {} features per "
+        "sample: set the first width to {}",
+        format_widths(w), w.front(), what, path, loader.cols(), loader.cols()));
+  }
+  if (!loader.has_labels()) {
+    throw DataError(fmt::format("the {} set {} has no labels: locus-train needs labelled data "
+                                "(cross_entropy on the labels, or mse on one-hot labels)",
+                                what, path));
+  }
+  if (classes > 0 && classes != w.back()) {
+    throw ConfigError(fmt::format(
+        "model.widths = {} ends in {} outputs, but the {} set {} has {} classes (its "
+        "num_classes attribute): set the last width to {}",
+        format_widths(w), w.back(), what, path, classes, classes));
+  }
+}
+
+}  // namespace
+
+namespace {
+
+PipelineOptions pipeline_options(const TrainOptions& o) {
+  PipelineOptions p;
+  p.micro_batches = o.micro_batches;
+  p.schedule = o.pipeline_schedule;
+  p.stage_boundaries = o.stage_boundaries;
+  p.reducer = o.reducer;
+  return p;
+}
+
+}  // namespace
+
+void validate(const TrainOptions& o) {
+  validate(o.model);
+  validate(o.optimizer);
+  require(o.pipeline_stages >= 1,
+          fmt::format("train.pipeline_stages = {} is invalid: use 1 (pure data parallelism) or "
+                      "more",
+                      o.pipeline_stages));
+  validate(pipeline_options(o));
+  // The cut must exist (stages <= layers, valid boundaries) before any rank builds one.
+  StagePartition(ParamLayout(o.model.widths), o.pipeline_stages, o.stage_boundaries);
+  require(o.epochs >= 1, fmt::format("train.epochs = {} is invalid: use 1 or more", o.epochs));
+  require(o.max_steps >= 0,
+          fmt::format("train.max_steps = {} is invalid: use 0 (no limit) or more", o.max_steps));
+  require(o.data.global_batch >= 1,
+          fmt::format("train.batch = {} is invalid: use 1 or more", o.data.global_batch));
+  require(!o.data.path.empty(), "data.train is empty: give the training dataset's path");
+  require(o.eval_batch >= 1,
+          fmt::format("eval.batch = {} is invalid: use 1 or more", o.eval_batch));
+  require(o.eval_every >= 0,
+          fmt::format("eval.every = {} is invalid: use 0 (only at the end) or more",
+                      o.eval_every));
+  require(o.log_every >= 0,
+          fmt::format("train.log_every = {} is invalid: use 0 (epoch ends only) or more",
+                      o.log_every));
+  require(o.clip_max_norm >= 0.0,
+          fmt::format("optim.clip_max_norm = {} is invalid: use 0 (no clipping) or a positive "
+                      "norm",
+                      o.clip_max_norm));
+  require(o.threads >= 1,
+          fmt::format("train.threads = {} is invalid: use 1 or more BLAS threads per rank",
+                      o.threads));
+  ScheduleOptions s = o.schedule;
+  if (s.kind == ScheduleKind::cosine && s.total_steps == 0) s.total_steps = s.warmup_steps + 1;
+  validate(s);
+}
+
+Trainer::Impl::Impl(const Grid& g, TrainOptions options)
+    : grid(g),
+      opts(checked(g, std::move(options))),
+      classes(read_num_classes(g.dp(), opts.data.path)),
+      eval_classes(opts.eval_path.empty() ? 0 : read_num_classes(g.dp(), opts.eval_path)),
+      pipelined(opts.pipeline_stages > 1 || opts.micro_batches > 1),
+      feeds(!pipelined || g.stage() == 0),
+      has_eval(!opts.eval_path.empty()),
+      state(opts.model, opts.optimizer) {
+  // Loaders only where data enters (stage 0 of each replica); a loader's errors are agreed
+  // over its dp communicator, so they are re-agreed over the world for the other stages.
+  mpi::agree_on(g.world(), [&] {
+    if (!feeds) return;
+    loader = std::make_unique<Loader>(g.dp(), opts.data);
+    if (has_eval) eval_loader = std::make_unique<Loader>(g.dp(), eval_loader_options(opts));
+  });
+  std::int64_t counts[3] = {feeds ? loader->steps_per_epoch() : 0,
+                            eval_loader ? eval_loader->steps_per_epoch() : 0,
+                            feeds ? loader->rows() : 0};
+  if (pipelined && g.pipeline_stages() > 1) g.pp().bcast(std::span<std::int64_t>(counts), 0);
+  steps_per_epoch = counts[0];
+  eval_steps = counts[1];
+  mpi::agree_on(g.world(), [&] {
+    if (feeds) {
+      check_fit(opts, *loader, classes, opts.data.path, "training");
+      if (eval_loader) check_fit(opts, *eval_loader, eval_classes, opts.eval_path, "evaluation");
+    }
+    require(steps_per_epoch >= 1,
+            fmt::format("the training set {} has {} rows, less than one batch of train.batch = "
+                        "{} with loader.drop_last = true: lower the batch or keep the last "
+                        "partial batch",
+                        opts.data.path, counts[2], opts.data.global_batch));
+    planned_steps = opts.epochs * steps_per_epoch;
+    if (opts.max_steps > 0) planned_steps = std::min(planned_steps, opts.max_steps);
+    if (opts.schedule.total_steps == 0) opts.schedule.total_steps = planned_steps;
+    if (opts.schedule.kind == ScheduleKind::cosine) {
+      require(opts.schedule.total_steps > opts.schedule.warmup_steps,
+              fmt::format("optim.warmup_steps = {} leaves nothing of the cosine schedule over "
+                          "the {} steps of this run ({} epochs x {} steps): lower the warm-up",
+                          opts.schedule.warmup_steps, opts.schedule.total_steps, opts.epochs,
+                          steps_per_epoch));
+    }
+    validate(opts.schedule);
+  });
+  if (pipelined) {
+    auto p = std::make_unique<PipelineCompute>(g, state, opts.loss, pipeline_options(opts));
+    pipeline = p.get();
+    compute = std::move(p);
+    return;
+  }
+  compute = make_compute(opts.backend, state, opts.loss);
+  comm::ReducerOptions ro = opts.reducer;
+  // Each rank's loss already divides by the GLOBAL batch (loss.hpp), so the plain sum over
+  // ranks is the gradient of the global-batch mean: no division pass.
+  ro.mode = comm::ReduceMode::presummed_average;
+  reducer = comm::make_gradient_reducer(g.dp(), compute->grads(), ro);
+  on_grads_ready = [this](int l) { reducer->ready_from(state.model.layout().layer(l).begin()); };
+}
+
+const comm::ReducerStats& Trainer::Impl::reduce_stats() const {
+  return pipeline != nullptr ? pipeline->stage().reducer().stats() : reducer->stats();
+}
+
+const LoadedBatch* Trainer::Impl::next_batch() {
+  if (loader) return loader->next();
+  idle = LoadedBatch{};
+  idle.epoch = state.epoch;
+  idle.step = state.step_in_epoch;
+  return &idle;
+}
+
+detail::Sums Trainer::Impl::reduce(detail::Sums local) const {
+  double v[3] = {local.loss, local.correct, local.rows};
+  grid.dp().allreduce_inplace(std::span<double>(v), MPI_SUM);
+  return {v[0], v[1], v[2]};
+}
+
+Batch Trainer::Impl::batch_of(const LoadedBatch& b) {
+  Batch batch{b.x, b.rows, b.y, {}, b.sample_ids};
+  if (opts.loss == Loss::mse) {
+    const int width = state.model.layout().output_width();
+    targets.assign(static_cast<std::size_t>(b.rows) * static_cast<std::size_t>(width), 0.0f);
+    for (int r = 0; r < b.rows; ++r) {
+      const std::int32_t label = b.y[static_cast<std::size_t>(r)];
+      if (label < 0 || label >= width) {
+        throw DataError(fmt::format("label {} of sample {} is outside [0, {}): the dataset's "
+                                    "labels must match the model's output width",
+                                    label, b.sample_ids[static_cast<std::size_t>(r)], width));
+      }
+      targets[static_cast<std::size_t>(r) * static_cast<std::size_t>(width) +
+              static_cast<std::size_t>(label)] = 1.0f;
+    }
+    batch.targets = targets;
+  }
+  return batch;
+}
+
+EvalMetrics Trainer::Impl::evaluate() {
+  if (!has_eval) {
+    throw ConfigError("evaluation needs an evaluation set: set data.test");
+  }
+  const auto t0 = detail::Clock::now();
+  detail::Sums local;
+  if (eval_loader) {
+    eval_loader->start_epoch(0);
+    while (const LoadedBatch* b = eval_loader->next()) {
+      local.add(compute->evaluate(batch_of(*b)));
+    }
+  } else {  // a pipeline stage after the first: stage 0 sends what it needs
+    for (std::int64_t i = 0; i < eval_steps; ++i) local.add(compute->evaluate(Batch{}));
+  }
+  const detail::Sums all = reduce(local);
+  EvalMetrics e;
+  e.rows = static_cast<std::int64_t>(all.rows);
+  e.loss = all.rows > 0 ? all.loss / all.rows : 0.0;
+  e.accuracy = all.rows > 0 ? all.correct / all.rows : 0.0;
+  e.seconds = std::chrono::duration<double>(detail::Clock::now() - t0).count();
+  return e;
+}
+
+Trainer::Trainer(const Grid& grid, TrainOptions options)
+    : impl_(std::make_unique<Impl>(grid, std::move(options))) {}
+Trainer::~Trainer() = default;
+
+TrainState& Trainer::state() noexcept { return impl_->state; }
+const TrainState& Trainer::state() const noexcept { return impl_->state; }
+const TrainState& Trainer::synced_state() {
+  impl_->compute->sync_to_host();
+  return impl_->state;
+}
+const TrainOptions& Trainer::options() const noexcept { return impl_->opts; }
+const Grid& Trainer::grid() const noexcept { return impl_->grid; }
+std::int64_t Trainer::steps_per_epoch() const noexcept { return impl_->steps_per_epoch; }
+std::int64_t Trainer::planned_steps() const noexcept { return impl_->planned_steps; }
+std::int64_t Trainer::num_classes() const noexcept { return impl_->classes; }
+const StagePartition* Trainer::partition() const noexcept {
+  return impl_->pipeline != nullptr ? &impl_->pipeline->stage().partition() : nullptr;
+}
+
+}  // namespace locus::train

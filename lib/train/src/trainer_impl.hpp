@@ -1,0 +1,107 @@
+// Private to lib/train: the trainer's parts (loaders, state, backend, reducer) and the
+// bookkeeping shared by construction (trainer.cpp) and the loop (train_loop.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "locus/comm/reducer.hpp"
+#include "locus/train/compute.hpp"
+#include "locus/train/loader.hpp"
+#include "locus/train/pipeline.hpp"
+#include "locus/train/trainer.hpp"
+
+namespace locus::train::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// Loss, hits and rows summed locally over some steps, then over the data-parallel ranks.
+struct Sums {
+  double loss = 0, correct = 0, rows = 0;
+  void add(const LossStats& s) {
+    loss += s.loss_sum;
+    correct += static_cast<double>(s.correct);
+    rows += static_cast<double>(s.rows);
+  }
+};
+
+// The counters that interval and epoch metrics are differences of.
+struct Mark {
+  Clock::time_point time;
+  std::int64_t step = 0;
+  double comm_s = 0, blocked_s = 0, wait_s = 0;
+};
+
+}  // namespace locus::train::detail
+
+namespace locus::train {
+
+struct Trainer::Impl {
+  Impl(const Grid& grid, TrainOptions options);
+
+  // Collective over dp: sums of every rank.
+  detail::Sums reduce(detail::Sums local) const;
+  detail::Mark mark() const;
+  // One training step on this rank's rows of a global batch.
+  LossStats step(const LoadedBatch& b);
+  // The batch the backend sees (one-hot targets for mse).
+  Batch batch_of(const LoadedBatch& b);
+  // Collective over dp: interval metrics from `since` to now, given its local sums.
+  StepMetrics interval(const detail::Mark& since, const detail::Sums& local);
+  // Collective over dp: epoch metrics (no evaluation) from `since` to now.
+  EpochMetrics epoch_metrics(const detail::Mark& since, const detail::Sums& local);
+  // Collective over dp (see Trainer::evaluate).
+  EvalMetrics evaluate();
+  // The next training batch: the loader's on a rank it feeds, otherwise an empty stand-in
+  // numbered like stage 0's (the pipeline engine hands the other stages what they need).
+  const LoadedBatch* next_batch();
+  // The gradient all-reduce's counters (the trainer's reducer, or the pipeline stage's).
+  const comm::ReducerStats& reduce_stats() const;
+
+  // What one train() call accumulates.
+  struct Running {
+    detail::Sums interval, total;
+    detail::Mark interval_start;
+    TrainSummary summary;
+    StepHook* hook = nullptr;
+    Trainer* self = nullptr;  // what the hook is given
+    bool stopped = false;  // the hook asked to stop
+  };
+  // Calls the hook (if any) at the boundary after the current step; true when it stops.
+  bool boundary(Running& run, bool epoch_end);
+  // Reports the interval since run.interval_start, if it has steps.
+  void close_interval(Running& run, TrainObserver& obs);
+  // Trains state.epoch from state.step_in_epoch to its end or to step `limit`; returns the
+  // local sums of those steps.
+  detail::Sums train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs);
+  // After the last step of an epoch (or of the run): epoch metrics, the evaluation when due,
+  // the counters moved to the next epoch.
+  void end_epoch(const detail::Mark& since, const detail::Sums& local, Running& run,
+                 TrainObserver& obs);
+
+  const Grid& grid;
+  TrainOptions opts;
+  // Read before the loaders exist: HDF5 is not thread-safe and their producers use it.
+  std::int64_t classes = 0, eval_classes = 0;
+  // Pipelined: only stage 0 holds loaders (feeds); the others learn the batch counts.
+  bool pipelined = false;
+  bool feeds = true;
+  std::unique_ptr<Loader> loader;
+  std::unique_ptr<Loader> eval_loader;
+  bool has_eval = false;
+  std::int64_t eval_steps = 0;  // batches of an evaluation pass
+  LoadedBatch idle;             // next_batch() on a rank without a loader
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t planned_steps = 0;
+  TrainState state;
+  std::unique_ptr<Compute> compute;
+  PipelineCompute* pipeline = nullptr;  // compute, when pipelined
+  std::unique_ptr<comm::GradientReducer> reducer;  // not pipelined (the stage has its own)
+  GradsReadyFn on_grads_ready;
+  std::vector<float> targets;  // mse: one-hot labels of the current batch
+  double last_lr = 0, last_norm = -1;
+};
+
+}  // namespace locus::train
