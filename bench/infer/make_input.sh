@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds the >= 1M-row benchmark input for bench/infer: Fashion-MNIST's training set ingested
+# once and appended COPIES more times with locus-ingest --append (60000 x (1 + COPIES) rows,
+# 784 features, minmax-normalised as configs/fashion-mnist.ini does).
+#   bench/infer/make_input.sh BUILD_DIR OUT.h5 [COPIES=16] [RANKS=2]
+set -euo pipefail
+build=$1 out=$2 copies=${3:-16} ranks=${4:-2}
+fm=/usr/share/datasets/fashion-mnist
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+run() { mpiexec --oversubscribe --bind-to none -n "$ranks" "$build/apps/locus-ingest" \
+          --ingest.images=$fm/train-images-idx3-ubyte.gz \
+          --ingest.labels=$fm/train-labels-idx1-ubyte.gz --ingest.output="$out" \
+          --ingest.report="$out.gates.json" "$@" > /dev/null; }
+rm -f "$out"
+run
+for ((i = 0; i < copies; i++)); do run --append; done
+/usr/bin/python3 -c "import h5py; f = h5py.File('$out', 'r'); print('$out:', f.attrs['committed_rows'], 'rows')"

@@ -1,0 +1,92 @@
+// Partitioned batch inference behind locus-infer: every rank scores work units of rows handed
+// out dynamically (with speculative re-runs of stragglers), reading, computing and writing in
+// a pipeline, into a prediction file published atomically or extended incrementally.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "locus/comm/mpi.hpp"
+#include "locus/infer/scorer.hpp"
+#include "locus/infer/work_queue.hpp"
+
+namespace locus::infer {
+
+struct InferOptions {
+  std::string model;                   // model file or training checkpoint
+  std::string input;                   // HDF5 file with a float [N, D] features dataset
+  std::string features = "/features";  // for a locus dataset, rows = its committed_rows
+  std::string labels = "/labels";      // int labels [N]: metrics when present ("" = none)
+  std::string output;                  // prediction file
+  std::string report;                  // JSON report ("" → "<output>.report.json")
+  std::string outputs = "auto";        // auto (from the model's loss) | probabilities | raw
+  int top_k = 0;
+  int batch_rows = 256;
+  std::uint64_t unit_rows = 0;         // 0 → about 8192 rows, a multiple of the input chunks
+  bool speculate = true;               // re-run stragglers' units when the queue is empty
+  // dynamic: units from the shared counter; static_blocks (a benchmark baseline): rank r scores
+  // the r-th contiguous block of units, no speculation.
+  Schedule schedule = Schedule::dynamic;
+  int blas_threads = 1;                // identical on every rank (results depend on it)
+  bool record_writer = false;          // add /writer (who wrote each row)
+  bool overwrite = false;              // replace an existing output
+  bool incremental = false;            // score only rows beyond the output's watermark
+  std::string effective_config;        // recorded in the output
+  // Test and benchmark hooks: the listed ranks of comm compute slow_factor times slower (the
+  // compute thread stays busy for (factor - 1) x each batch's compute time, as on a slower CPU)
+  // and sleep slow_ms before each unit.
+  std::vector<int> slow_ranks;
+  double slow_factor = 1.0;
+  std::int64_t slow_ms = 0;
+};
+
+// What one rank did; units are counted when started.
+struct RankStats {
+  std::int64_t claimed = 0;          // fresh units taken from the counter
+  std::int64_t speculative = 0;      // speculative re-runs started
+  std::int64_t written = 0;          // units whose result this rank wrote (won)
+  std::int64_t speculative_wins = 0; // speculative re-runs that won
+  std::int64_t abandoned = 0;        // runs dropped because another rank finished first
+  std::int64_t rows = 0;             // rows written
+  double seconds_read = 0, seconds_compute = 0, seconds_write = 0, seconds_wait = 0;
+  // CPU time (not wall clock) of the compute thread and of the whole process during the
+  // scoring loop: on a shared machine these show the work done, whatever the load.
+  double cpu_seconds_compute = 0, cpu_seconds = 0;
+};
+
+struct InferResult {
+  std::uint64_t row_begin = 0, row_end = 0;  // rows scored in this run
+  std::uint64_t input_rows = 0;
+  int features = 0, outputs = 0;
+  OutputKind kind = OutputKind::probabilities;
+  int top_k = 0;
+  std::uint64_t unit_rows = 0, batch_rows = 0;
+  std::int64_t units = 0;
+  std::int64_t units_written_once = 0;       // must equal units
+  std::int64_t speculative_runs = 0;         // over all ranks
+  std::vector<RankStats> ranks;              // per rank (on every rank)
+  std::optional<Metrics> metrics;            // when the input has labels (classifiers)
+  double seconds = 0;                        // scoring loop, first claim to durable output
+  double seconds_durable = 0;                // of which: flushes, fsyncs and the publication
+  double seconds_total = 0;                  // including setup and publication
+  bool incremental = false;
+  std::string report_path;
+};
+
+// Collective over comm. ConfigError for bad options or an existing output without
+// --overwrite / --incremental; DataError for a bad model, input or feature-width mismatch;
+// IoError when the output cannot be written. Nothing is published unless every unit was
+// written; an incremental run advances the watermark only after its rows are durable.
+InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts);
+
+// The JSON report of a result (what run_inference writes to opts.report).
+std::string report_json(const InferOptions& opts, const InferResult& r);
+
+// Default unit size: a multiple of the input's chunk rows near `target` rows, chosen to keep the
+// padding of the last batch of each unit small.
+std::uint64_t choose_unit_rows(std::uint64_t chunk_rows, std::uint64_t batch_rows,
+                               std::uint64_t target = 8192);
+
+}  // namespace locus::infer
