@@ -57,7 +57,7 @@ for j in "$a" "$b"; do
   g1=$(gaps "ticks.$j.1" | wc -l)
   [ "$g0" -ge 1 ] || slurm_fail "job $j: no pause of ${min_gap_s}s or more in its ticks; never suspended while running"
   # The gang is the whole job: its two ranks pause the same number of times.
-  [ "$g0" = "$g1" ] || slurm_fail "job $j: rank 0 paused $g0 times, rank 1 $g1 times"
+  [ "$g0" = "$g1" ] || slurm_fail "job $j: rank 0 paused $g0 times ($(gaps "ticks.$j.0" | tr '\n' ' ')), rank 1 $g1 times ($(gaps "ticks.$j.1" | tr '\n' ' '))"
   slurm_log "job $j: pauses (+start:length, s) $(gaps "ticks.$j.0" | tr '\n' ' ')"
 done
 

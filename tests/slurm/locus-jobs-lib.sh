@@ -1,0 +1,79 @@
+# shellcheck shell=bash
+# Helpers for the tests of the product's batch scripts (slurm/*): test data, dataset facts,
+# job logs. Source after scripts/slurm-lib.sh.
+#
+#   locus_make_csv PATH ROWS SEED [SHIFT] [CLASSES_IN_LABELS]
+#   locus_h5_rows FILE [DATASET]     rows of a dataset (default /features), from h5dump -H
+#   locus_h5_labels FILE             the /labels values, one a line
+#   locus_csv_labels FILE            the label column of a CSV made by locus_make_csv, one a line
+#   locus_json FILE EXPR             a Python expression over the JSON document `r` in FILE
+#   locus_job_log JOB                path of a pipeline job's log (LOCUS_LOG_DIR/NAME-JOB.out)
+#   locus_same_tensors FILE REF      every dataset of two HDF5 files (models) equal bit for bit
+
+# shellcheck disable=SC2034 # used by the tests that source this file
+LOCUS_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+# A CSV with 12 features and a label column: 4 overlapping clusters (as configs/tiny.ini's
+# test data; an MLP reaches ~0.9 accuracy, chance is 0.25). SHIFT is added to every feature
+# (drift); labels are drawn from [0, CLASSES_IN_LABELS) (default 4: more makes bad labels).
+locus_make_csv() {
+  OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - "$@" <<'EOF'
+import sys
+import numpy as np
+path, rows, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+shift = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+classes = int(sys.argv[5]) if len(sys.argv) > 5 else 4
+rng = np.random.default_rng(seed)
+y = rng.integers(0, classes, size=rows)
+k = np.arange(12)
+centres = 1.2 * np.sin(1.7 * np.arange(classes)[:, None] + 0.9 * k[None, :])
+x = centres[y] + rng.normal(0, 1.0, size=(rows, 12)) + shift
+with open(path, "w") as f:
+    f.write(",".join(f"f{i}" for i in range(12)) + ",label\n")
+    for xi, yi in zip(x, y):
+        f.write(",".join(f"{v:.6f}" for v in xi) + f",{yi}\n")
+EOF
+}
+
+locus_h5_rows() {
+  local file=$1 dataset=${2:-/features}
+  h5dump -H -d "$dataset" "$file" | sed -n 's/.*DATASPACE *SIMPLE { ( \([0-9]*\).*/\1/p' | head -n 1
+}
+
+locus_h5_labels() {
+  h5dump -d /labels -y -w 1 "$1" | sed -n '/DATA {/,/}/p' | grep -o '[0-9-]\+'
+}
+
+locus_csv_labels() { tail -n +2 "$1" | awk -F, '{ print $NF }'; }
+
+locus_json() {
+  /usr/bin/python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
+}
+
+locus_job_log() {
+  local name
+  name=$(slurm_job_field "$1" JobName) || return 1
+  echo "${LOCUS_LOG_DIR:-logs}/$name-$1.out"
+}
+
+# Succeeds when FILE and REF hold the same datasets with the same dtype, shape and bytes (the
+# tensors of two model files; their attributes, e.g. the output path in the config, may differ).
+locus_same_tensors() {
+  OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - "$1" "$2" <<'EOF'
+import sys
+import h5py
+import numpy as np
+def tensors(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, np.asarray(o[()])) if isinstance(o, h5py.Dataset) else None)
+    return out
+got, want = tensors(sys.argv[1]), tensors(sys.argv[2])
+if not want or sorted(got) != sorted(want):
+    sys.exit(f"{sys.argv[1]} holds {sorted(got)}, {sys.argv[2]} holds {sorted(want)}")
+bad = [k for k in want if got[k].dtype != want[k].dtype or got[k].shape != want[k].shape
+       or got[k].tobytes() != want[k].tobytes()]
+if bad:
+    sys.exit(f"{sys.argv[1]} and {sys.argv[2]} differ in {bad}")
+EOF
+}
