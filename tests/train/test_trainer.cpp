@@ -20,19 +20,7 @@ const mpi::Comm& world() {
   return w;
 }
 
-class TrainerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { data_ = new Data(world()); }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  static Data& data() { return *data_; }
-
- private:
-  static Data* data_;
-};
-Data* TrainerTest::data_ = nullptr;
+class TrainerTest : public WorldDataSuite {};
 
 // Runs fn and returns the message of the ConfigError it must throw, marked agreed.
 template <class Fn>

@@ -17,20 +17,7 @@ const mpi::Comm& world() {
   return w;
 }
 
-// The datasets live for the test program; removed (collectively) before MPI finalizes.
-class TrainerDp : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { data_ = new Data(world()); }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  static Data& data() { return *data_; }
-
- private:
-  static Data* data_;
-};
-Data* TrainerDp::data_ = nullptr;
+class TrainerDp : public WorldDataSuite {};
 
 // Trains a fresh trainer on `comm` with `o`; returns the parameters and what was reported.
 struct Run {

@@ -74,6 +74,24 @@ struct Data {
   locus::test::SharedTmpDir dir;
 };
 
+// A suite whose tests share one Data on MPI_COMM_WORLD, made before its first test and
+// removed (collectively) after its last, before MPI finalizes.
+class WorldDataSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    static const mpi::Comm world = mpi::Comm::world();
+    data_ = new Data(world);
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+  static Data& data() { return *data_; }
+
+ private:
+  static inline Data* data_ = nullptr;
+};
+
 inline TrainOptions small_options(const Data& d) {
   TrainOptions o;
   o.model.widths = {kFeatures, 24, 16, kClasses};
