@@ -9,9 +9,14 @@
 #   locus_json FILE EXPR             a Python expression over the JSON document `r` in FILE
 #   locus_job_log JOB                path of a pipeline job's log (LOCUS_LOG_DIR/NAME-JOB.out)
 #   locus_same_tensors FILE REF      every dataset of two HDF5 files (models) equal bit for bit
+#   locus_trainer_setup APPS_DIR     the real-trainer tests' common start: LOCUS_BIN, 2-rank
+#                                    mpirun arguments that do not busy-poll, the apps checked
+#   locus_submit_fm_test_ingest      submit slurm/ingest.sbatch of Fashion-MNIST's test set into
+#                                    fm-test.h5 (cwd); prints the job id
 
 # shellcheck disable=SC2034 # used by the tests that source this file
 LOCUS_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+LOCUS_FM_DATA=/usr/share/datasets/fashion-mnist
 
 # A CSV with 12 features and a label column: 4 overlapping clusters (as configs/tiny.ini's
 # test data; an MLP reaches ~0.9 accuracy, chance is 0.25). SHIFT is added to every feature
@@ -76,4 +81,25 @@ bad = [k for k in want if got[k].dtype != want[k].dtype or got[k].shape != want[
 if bad:
     sys.exit(f"{sys.argv[1]} and {sys.argv[2]} differ in {bad}")
 EOF
+}
+
+# The tests that run the real locus-train under Slurm run two 2-rank jobs (or a job and its
+# reference) at once on a 2-core machine whose node declares 4 CPUs: ranks that busy-poll in MPI
+# would take the cores from the peers they wait for (docs/SLURM.md).
+locus_trainer_setup() {
+  LOCUS_BIN=$(readlink -f "${1:?usage: locus_trainer_setup APPS_DIR}")
+  LOCUS_MPIRUN_ARGS="--bind-to none --mca mpi_yield_when_idle 1"
+  export LOCUS_BIN LOCUS_MPIRUN_ARGS
+  local app
+  for app in locus-ingest locus-train; do
+    [ -x "$LOCUS_BIN/$app" ] || slurm_fail "$LOCUS_BIN/$app is not an executable: build $app"
+  done
+  [ -r "$LOCUS_FM_DATA/t10k-images-idx3-ubyte.gz" ] ||
+    slurm_fail "no $LOCUS_FM_DATA: install dataset-fashion-mnist (scripts/install-deps.sh)"
+}
+
+locus_submit_fm_test_ingest() {
+  slurm_submit -o ingest.log "$LOCUS_REPO/slurm/ingest.sbatch" --ingest.output=fm-test.h5 \
+    "--ingest.images=$LOCUS_FM_DATA/t10k-images-idx3-ubyte.gz" \
+    "--ingest.labels=$LOCUS_FM_DATA/t10k-labels-idx1-ubyte.gz"
 }

@@ -16,16 +16,7 @@ set -euo pipefail
 # shellcheck source=tests/slurm/locus-jobs-lib.sh
 . "$(dirname "$0")/locus-jobs-lib.sh"
 
-LOCUS_BIN=$(readlink -f "${1:?usage: $0 APPS_DIR}")
-# Two 2-rank jobs (and the reference) on a 2-core machine whose node declares 4 CPUs: ranks
-# must not busy-poll in MPI (docs/SLURM.md).
-LOCUS_MPIRUN_ARGS="--bind-to none --mca mpi_yield_when_idle 1"
-export LOCUS_BIN LOCUS_MPIRUN_ARGS
-for app in locus-ingest locus-train; do
-  [ -x "$LOCUS_BIN/$app" ] || slurm_fail "$LOCUS_BIN/$app is not an executable: build $app"
-done
-data=/usr/share/datasets/fashion-mnist
-[ -r "$data/t10k-images-idx3-ubyte.gz" ] || slurm_fail "no $data: install dataset-fashion-mnist (scripts/install-deps.sh)"
+locus_trainer_setup "${1:?usage: $0 APPS_DIR}"
 # 79 steps an epoch. Interrupt past the first epoch-end checkpoint, so that the rerun must pick
 # the newest checkpoint (the one the signal caused, mostly mid-epoch), not an older one. Both interruptions land
 # within a second or so (Slurm selects the job to preempt when the preemptor is submitted),
@@ -40,8 +31,7 @@ train_args=(--data.train=fm-test.h5 --data.test=fm-test.h5 "--model.widths=784,5
 slurm_cluster_setup
 cd "$LSC_WORK"
 
-ingest=$(slurm_submit -o ingest.log "$LOCUS_REPO/slurm/ingest.sbatch" --ingest.output=fm-test.h5 \
-  "--ingest.images=$data/t10k-images-idx3-ubyte.gz" "--ingest.labels=$data/t10k-labels-idx1-ubyte.gz")
+ingest=$(locus_submit_fm_test_ingest)
 submit_train() { # submit_train NAME SBATCH_ARGS...: a training job writing NAME's files
   local name=$1
   shift

@@ -16,16 +16,7 @@ set -euo pipefail
 # shellcheck source=tests/slurm/locus-jobs-lib.sh
 . "$(dirname "$0")/locus-jobs-lib.sh"
 
-LOCUS_BIN=$(readlink -f "${1:?usage: $0 APPS_DIR}")
-# The test node declares 4 CPUs on a 2-core machine and runs two 2-rank jobs at once: ranks
-# that busy-poll in MPI would take the cores from the peers they wait for (docs/SLURM.md).
-LOCUS_MPIRUN_ARGS="--bind-to none --mca mpi_yield_when_idle 1"
-export LOCUS_BIN LOCUS_MPIRUN_ARGS
-for app in locus-ingest locus-train; do
-  [ -x "$LOCUS_BIN/$app" ] || slurm_fail "$LOCUS_BIN/$app is not an executable: build $app"
-done
-data=/usr/share/datasets/fashion-mnist
-[ -r "$data/t10k-images-idx3-ubyte.gz" ] || slurm_fail "no $data: install dataset-fashion-mnist (scripts/install-deps.sh)"
+locus_trainer_setup "${1:?usage: $0 APPS_DIR}"
 # 79 steps an epoch. A slice lasts about 2 s however short hold_s is (a resume took 1.8 to 3 s
 # after a recent suspension of the same job), so a job trains some 6 s before its third stop:
 # up to ~1000 steps seen under load, an estimated ~1500 on an idle machine with the reference
@@ -38,8 +29,7 @@ train_args=(--data.train=fm-test.h5 --data.test=fm-test.h5 "--model.widths=784,5
 slurm_cluster_setup
 cd "$LSC_WORK"
 
-ingest=$(slurm_submit -o ingest.log "$LOCUS_REPO/slurm/ingest.sbatch" --ingest.output=fm-test.h5 \
-  "--ingest.images=$data/t10k-images-idx3-ubyte.gz" "--ingest.labels=$data/t10k-labels-idx1-ubyte.gz")
+ingest=$(locus_submit_fm_test_ingest)
 declare -A job
 for name in a b; do
   job[$name]=$(slurm_submit --dependency=afterok:"$ingest" -o "train-$name.log" \
