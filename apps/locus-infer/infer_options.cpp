@@ -19,6 +19,9 @@ void InferSettings::register_options(Config& c) {
   c.add("infer.batch_rows", batch_rows, "rows per forward pass", in_range(std::int64_t{1}, std::int64_t{1} << 20));
   c.add("infer.unit_rows", unit_rows,
         "rows per work unit (0: about 8192, a multiple of the input's chunk rows)", at_least(0));
+  c.add("infer.read_rows", read_rows,
+        "rows per read into the ring ahead of the compute thread (0: about 2 MiB; rounded up "
+        "to whole batches; same results whatever the value)", at_least(0));
   c.add_choice("infer.schedule", schedule, {"dynamic", "static"},
                "dynamic: units from a shared counter, faster ranks take more; static: rank r "
                "scores the r-th block of units, no speculation (a benchmark baseline)");
@@ -51,6 +54,7 @@ infer::InferOptions InferSettings::to_options(const Config& c) const {
   o.top_k = static_cast<int>(top_k);
   o.batch_rows = static_cast<int>(batch_rows);
   o.unit_rows = static_cast<std::uint64_t>(unit_rows);
+  o.read_rows = static_cast<std::uint64_t>(read_rows);
   o.speculate = speculate;
   o.schedule = schedule == "static" ? infer::Schedule::static_blocks : infer::Schedule::dynamic;
   o.blas_threads = static_cast<int>(blas_threads);

@@ -12,7 +12,8 @@ namespace locus::app {
 struct InferSettings {
   std::string model, input, features = "/features", labels = "/labels", output, report;
   std::string outputs = "auto", slow_ranks, schedule = "dynamic";
-  std::int64_t top_k = 0, batch_rows = 256, unit_rows = 0, blas_threads = 1, slow_ms = 0;
+  std::int64_t top_k = 0, batch_rows = 256, unit_rows = 0, read_rows = 0, blas_threads = 1,
+               slow_ms = 0;
   double slow_factor = 1.0;
   bool speculate = true, record_writer = false;
   // command-line switches

@@ -36,9 +36,11 @@ PY
 cat "$input" > /dev/null  # page cache
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 # [PIN=cpus] locus-infer NAME RANKS ARGS...: prints "wall_rows_per_s cpu_rows_per_s seconds
-# spec_runs spec_wins seconds_durable" (wall: setup + scoring + publication, the report's
-# seconds_total; CPU: all ranks' process CPU time in the scoring loop; durable: flush, fsync and
-# rename of the output, which a shared disk makes noisy).
+# spec_runs spec_wins seconds_durable cpu_forward cpu_other" (wall: setup + scoring +
+# publication, the report's seconds_total; CPU: all ranks' process CPU time in the scoring loop;
+# durable: flush, fsync and rename of the output, which a shared disk makes noisy; cpu_forward:
+# the compute threads' CPU seconds, cpu_other: the rest of the loop's CPU seconds -- reads,
+# post-processing, writes, MPI -- which 2 ranks on 2 cores must fit beside the forward passes).
 locus() {
   local name=$1 n=$2; shift 2
   ${PIN:+taskset -c "$PIN"} mpiexec --oversubscribe --bind-to none -n "$n" "$infer" --infer.model="$model" \
@@ -48,8 +50,9 @@ locus() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 cpu = sum(x["cpu_seconds"] for x in r["per_rank"])
+fwd = sum(x["cpu_seconds_compute"] for x in r["per_rank"])
 print(f'{r["rows_scored"] / r["seconds_total"]:.0f} {r["rows_scored"] / cpu:.0f} {r["seconds_total"]:.3f} '
-      f'{r["speculative_runs"]} {r["speculative_wins"]} {r["seconds_durable"]:.3f}')
+      f'{r["speculative_runs"]} {r["speculative_wins"]} {r["seconds_durable"]:.3f} {fwd:.3f} {cpu - fwd:.3f}')
 PY
 }
 declare -A res
@@ -100,8 +103,16 @@ if [[ -n ${res[l1]:-} ]]; then
   echo "1 of 2 ranks slowed 4x: $slow s = $(ratio "$slow" "$ideal") x ideal $ideal s   (target <= 1.15)"
   [[ -n ${res[static]:-} ]] && echo "  static 2-way split, same slowdown: $(nodur static) s = $(ratio "$(nodur static)" "$ideal") x ideal"
 fi
+# Where 2 ranks' time goes: the forward passes' CPU is the same at 1 and 2 ranks, but the rest
+# (mostly copying the input out of the page cache) runs on the idle second core at 1 rank and
+# must share the two cores at 2: 2 ranks can reach at most about 2 x fwd / (fwd + other).
+if [[ -n ${res[l1]:-} ]]; then
+  f1=$(col l1 7) o1=$(col l1 8) f2=$(col l2 7) o2=$(col l2 8)
+  echo "== CPU seconds in the scoring loop (medians): 1 rank forward $f1 + other $o1, 2 ranks forward $f2 + other $o2"
+  echo "  2-rank ceiling from CPU alone: 2 x $f1 / ($f2 + $o2) = $(awk -v a="$f1" -v b="$f2" -v c="$o2" 'BEGIN {printf "%.2f", 2 * a / (b + c)}') x 1 rank"
+fi
 echo "speculative runs/wins with the slowed rank, per round: $(printf '%s' "${res[slow]}" | awk 'NF {printf "%s/%s ", $4, $5}')"
-echo "raw (wall rows/s, CPU rows/s, seconds, spec runs, spec wins, seconds durable):"
+echo "raw (wall rows/s, CPU rows/s, seconds, spec runs, spec wins, seconds durable, CPU forward, CPU other):"
 for k in l1 l1p torch l2 slow static; do
   [[ -n ${res[$k]:-} ]] && printf '  %s: %s\n' "$k" "$(printf '%s' "${res[$k]}" | tr '\n' ';')"
 done

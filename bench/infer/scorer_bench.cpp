@@ -1,7 +1,8 @@
 // locus_scorer_bench: rows/s of inference compute alone on in-memory rows, 1 thread: the bare
 // forward pass (train::forward, what PyTorch's no_grad forward computes) and the full scorer
-// (forward + softmax + argmax + top-k + metrics, what locus-infer's compute thread runs), by
-// the wall clock and by CPU time (median of repeats). Compare with torch_infer_bench.py.
+// (forward + softmax + argmax + top-k + metrics; locus-infer runs the forward passes on its
+// compute thread and the rest on its main thread), by the wall clock and by CPU time (median
+// of repeats). Compare with torch_infer_bench.py.
 //   locus_scorer_bench [--widths 784,256,128,10] [--batch 256] [--rows 262144] [--top_k 3]
 //                      [--repeats 5] [--threads 1]
 #include <time.h>

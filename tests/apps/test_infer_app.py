@@ -134,13 +134,15 @@ def test_identical_across_world_sizes_and_speculation(r, tmp):
     ref_out = os.path.join(tmp, "one.h5")
     expect_exit(infer(r, model, test, ref_out, "--infer.unit_rows=668", ranks=1), 0)
     ref, _ = read_scores(ref_out)
-    for spec in ("true", "false"):
-        out = os.path.join(tmp, f"n-{spec}.h5")
+    # read_rows=1: each rank reads one batch (256 rows) at a time ahead of its compute thread,
+    # three reads per 668-row unit, the last one short.
+    for spec, reads in (("true", "0"), ("false", "0"), ("true", "1")):
+        out = os.path.join(tmp, f"n-{spec}-{reads}.h5")
         p = infer(r, model, test, out, "--infer.unit_rows=668", f"--infer.speculate={spec}",
-                  "--infer.record_writer=true")
+                  f"--infer.read_rows={reads}", "--infer.record_writer=true")
         expect_exit(p, 0)
         s, _ = read_scores(out)
-        same(s, ref, f"{r.ranks} ranks, speculate={spec} vs 1 rank")
+        same(s, ref, f"{r.ranks} ranks, speculate={spec}, read_rows={reads} vs 1 rank")
         check(np.all(s["writer"] >= 0), "unwritten rows")
         rep = report(out)
         check(rep["units"] == 15 and rep["units_written_once"] == 15, f"units {rep['units']}")

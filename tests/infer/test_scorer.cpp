@@ -176,3 +176,34 @@ TEST(Scorer, BadSpecsAreConfigErrors) {
   EXPECT_NO_THROW(build(one.model, raw));
   EXPECT_THROW(infer::parse_output_kind("logits"), ConfigError);
 }
+
+TEST(Scorer, ForwardInPiecesThenFinishEqualsScore) {
+  // A unit of 203 rows on a grid of 16-row batches starting 5 rows before it (an incremental
+  // run's first unit), cut into pieces on the grid and off it: the logits, and what finish()
+  // makes of them, are the bytes score() gives for the whole block.
+  const int rows = 203, b = 16;
+  const std::size_t d = 12, c = 5;
+  Fixture f = make(rows, {12, 9, 5}, 8);
+  infer::Scorer whole(f.model, {.kind = infer::OutputKind::probabilities, .top_k = 2,
+                                .batch_rows = b});
+  infer::Scores ref;
+  ASSERT_TRUE(whole.score(100, 105, f.x, f.y, ref));
+  for (const std::vector<int>& cuts : {std::vector<int>{0, 11, 43, 203}, {0, 1, 2, 3, 203},
+                                       {0, 100, 101, 202, 203}}) {
+    infer::Scorer pieces(f.model, whole.spec());
+    std::vector<float> logits(static_cast<std::size_t>(rows) * c, -1.0f);
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const auto lo = static_cast<std::size_t>(cuts[i]), hi = static_cast<std::size_t>(cuts[i + 1]);
+      const auto x = std::span<const float>(f.x).subspan(lo * d, (hi - lo) * d);
+      ASSERT_TRUE(pieces.forward(100, 105 + lo, x,
+                                 std::span<float>(logits).subspan(lo * c, (hi - lo) * c)));
+    }
+    infer::Scores s;
+    pieces.finish(logits, f.y, s);
+    EXPECT_TRUE(same_bytes(s.values, 0, ref.values, 0, ref.values.size()));
+    EXPECT_EQ(s.predicted, ref.predicted);
+    EXPECT_EQ(s.topk_index, ref.topk_index);
+    EXPECT_EQ(s.metrics.confusion, ref.metrics.confusion);
+    EXPECT_EQ(s.metrics.log_loss_sum, ref.metrics.log_loss_sum);
+  }
+}

@@ -20,6 +20,7 @@
 #include "locus/train/blas.hpp"
 #include "locus/train/model_file.hpp"
 #include "pipeline.hpp"
+#include "quiet_wait.hpp"
 
 namespace locus::infer {
 
@@ -100,7 +101,8 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
   WorkQueue queue(comm, grid.units(), job.opts.speculate, 2, job.opts.schedule);
   res.loop = detail::run_units(queue, grid, scorer, in, out, comm.rank(),
                                is_slow ? detail::SlowDown{job.opts.slow_factor, job.opts.slow_ms}
-                                       : detail::SlowDown{});
+                                       : detail::SlowDown{},
+                               job.opts.read_rows);
   res.queue = queue.finish();
   if (res.queue.written_once != res.queue.units) {
     throw InternalError(fmt::format("{} of {} units were written exactly once ({} never, {} "
@@ -147,6 +149,9 @@ Scored run_full(const Job& job) {
   }
   test_hook("infer-before-publish");
   const double t_publish = MPI_Wtime();
+  // Rank 0 makes the file durable while the others sleep; the publication's own fsync then finds
+  // nothing left to write, so its spinning collective is short (see quiet_wait.hpp).
+  detail::on_root_quietly(job.comm, [&] { io::fsync_path(pub.temp_path(), false); });
   pub.commit();
   const double publish = MPI_Wtime() - t_publish;
   s.seconds += publish;

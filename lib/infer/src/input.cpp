@@ -116,6 +116,17 @@ void LocalInput::read(std::uint64_t first_row, std::span<float> x, std::span<std
   if (!y.empty()) read_slab(labels_.get(), H5T_NATIVE_INT32, 1, y.data());
 }
 
+void LocalInput::read_labels(std::uint64_t first_row, std::span<std::int32_t> y) {
+  if (y.empty()) return;
+  const std::array<hsize_t, 1> start{first_row}, count{y.size()};
+  h5::Id file_space(LOCUS_H5_CHECK(H5Dget_space(labels_.get())));
+  LOCUS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                     count.data(), nullptr));
+  h5::Id mem_space(LOCUS_H5_CHECK(H5Screate_simple(1, count.data(), nullptr)));
+  LOCUS_H5_CHECK(H5Dread(labels_.get(), H5T_NATIVE_INT32, mem_space.get(), file_space.get(),
+                         H5P_DEFAULT, y.data()));
+}
+
 std::string model_fingerprint(const train::Mlp& model) {
   std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bit
   auto mix = [&h](const void* data, std::size_t n) {

@@ -37,6 +37,8 @@ class LocalInput {
   std::uint64_t cols() const noexcept { return cols_; }
   // Reads rows [first_row, first_row + rows) of the features (and labels when y is not empty).
   void read(std::uint64_t first_row, std::span<float> x, std::span<std::int32_t> y);
+  // Reads the labels of rows [first_row, first_row + y.size()).
+  void read_labels(std::uint64_t first_row, std::span<std::int32_t> y);
 
  private:
   h5::Id file_, features_, labels_;

@@ -1,265 +1,236 @@
-// The scoring loop: two unit slots (one computing, one prefetched), a compute thread that only
-// does arithmetic, and a main thread that claims, reads, polls for stragglers and writes.
+// The scoring loop's main thread: claims units (two at most: one computing, the next being
+// read), reads them stripe by stripe into a ring of buffers just ahead of the compute thread,
+// post-processes (softmax, argmax, metrics) and writes the units it won, and polls for
+// stragglers. The compute thread only runs forward passes, and never waits for this thread as
+// long as the ring holds a stripe.
 #include "pipeline.hpp"
 
 #include <mpi.h>
-
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <exception>
-#include <mutex>
-#include <thread>
-
 #include <time.h>
+
+#include <algorithm>
+
+#include "huge_pages.hpp"
 
 namespace locus::infer::detail {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double cpu_seconds(clockid_t clock) {
+double process_cpu_seconds() {
   timespec ts{};
-  ::clock_gettime(clock, &ts);
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
+
 constexpr auto kPoll = std::chrono::milliseconds(2);  // straggler check while computing
+constexpr std::uint64_t kStripeBytes = std::uint64_t{2} << 20;
+constexpr std::uint64_t kRingBytes = std::uint64_t{16} << 20;  // read-ahead: ~20 ms of compute
+constexpr std::uint64_t kMinStripes = 3;
 
-struct Slot {
-  std::int64_t unit = -1;  // -1: free
-  bool speculative = false;
-  h5::RowRange rows;
-  std::uint64_t origin = 0;
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  Scores scores;
-  bool completed = false;  // scored to the end (not abandoned)
-  double compute_seconds = 0;
-  double compute_cpu_seconds = 0;
-  std::atomic<bool> cancel{false};
-};
-
-// Sleeps `d` in short slices, returning early once cancel is set.
-void sleep_unless(std::chrono::duration<double> d, const std::atomic<bool>& cancel) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(d);
-  while (!cancel.load(std::memory_order_relaxed) && Clock::now() < until)
-    std::this_thread::sleep_for(std::min<Clock::duration>(kPoll, until - Clock::now()));
+// Stripes in the ring: about kRingBytes of them, but no more than two units need.
+std::size_t ring_stripes(std::uint64_t stripe_rows, std::uint64_t unit_rows, std::uint64_t cols) {
+  const std::uint64_t per_unit = (unit_rows + stripe_rows - 1) / stripe_rows + 1;
+  const std::uint64_t by_bytes = kRingBytes / (stripe_rows * cols * sizeof(float));
+  return static_cast<std::size_t>(
+      std::max<std::uint64_t>(kMinStripes, std::min(by_bytes, 2 * per_unit)));
 }
-
-// Keeps the core busy for `d` (a slower CPU still occupies its core), returning early once cancel
-// is set.
-void spin_unless(std::chrono::duration<double> d, const std::atomic<bool>& cancel) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(d);
-  while (!cancel.load(std::memory_order_relaxed) && Clock::now() < until) {
-  }
-}
-
-// The compute thread: scores one slot at a time; no MPI, no HDF5.
-class ComputeThread {
- public:
-  ComputeThread(Scorer& scorer, SlowDown slow) : scorer_(scorer), slow_(slow) {
-    thread_ = std::thread([this] { loop(); });
-  }
-  ComputeThread(const ComputeThread&) = delete;
-  ComputeThread& operator=(const ComputeThread&) = delete;
-  ~ComputeThread() {
-    {
-      std::lock_guard lock(m_);
-      quit_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  void start(Slot& s) {
-    {
-      std::lock_guard lock(m_);
-      job_ = &s;
-      done_ = false;
-    }
-    cv_.notify_all();
-  }
-  // True once the job finished (rethrowing its exception, if any).
-  bool wait_for(std::chrono::milliseconds d) {
-    std::unique_lock lock(m_);
-    if (!cv_.wait_for(lock, d, [this] { return done_; })) return false;
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-    return true;
-  }
-
- private:
-  void loop() {
-    std::unique_lock lock(m_);
-    while (true) {
-      cv_.wait(lock, [this] { return quit_ || job_ != nullptr; });
-      if (quit_) return;
-      Slot* s = std::exchange(job_, nullptr);
-      lock.unlock();
-      std::exception_ptr err;
-      try {
-        score(*s);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      lock.lock();
-      error_ = err;
-      done_ = true;
-      cv_.notify_all();
-    }
-  }
-
-  void score(Slot& s) {
-    const auto t0 = Clock::now();
-    const double c0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
-    if (slow_.ms > 0) sleep_unless(std::chrono::milliseconds(slow_.ms), s.cancel);
-    auto last = Clock::now();
-    auto stop = [&] {
-      if (slow_.factor > 1.0) {  // stretch each batch to factor x its compute time
-        spin_unless((Clock::now() - last) * (slow_.factor - 1.0), s.cancel);
-        last = Clock::now();
-      }
-      return s.cancel.load(std::memory_order_relaxed);
-    };
-    s.completed = !s.cancel.load() && scorer_.score(s.origin, s.rows.begin, s.x, s.y, s.scores, stop);
-    s.compute_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    s.compute_cpu_seconds = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0;
-  }
-
-  Scorer& scorer_;
-  SlowDown slow_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  Slot* job_ = nullptr;
-  bool done_ = false, quit_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
-};
 
 class Loop {
  public:
   Loop(WorkQueue& q, const UnitGrid& g, Scorer& sc, LocalInput& in, PredictionFile& out,
-       int rank, const SlowDown& slow)
-      : queue_(q), grid_(g), in_(in), out_(out), rank_(rank), worker_(sc, slow),
-        width_(static_cast<std::size_t>(in.cols())) {
+       int rank, const SlowDown& slow, std::uint64_t read_rows)
+      : queue_(q), grid_(g), scorer_(sc), in_(in), out_(out), rank_(rank),
+        stripe_rows_(stripe_rows(read_rows, static_cast<std::uint64_t>(sc.spec().batch_rows),
+                                 g.unit_rows, in.cols())),
+        stripes_(ring_stripes(stripe_rows_, g.unit_rows, in.cols())),
+        ring_(stripes_.size() * stripe_rows_ * in.cols()),
+        worker_(sc, slow, stripes_.size() / 2) {
     res_.unit_loss.assign(static_cast<std::size_t>(g.units()), 0.0);
     res_.metrics.reset(in.has_labels() ? sc.outputs() : 0);
   }
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;
-  // Stops a unit still computing (only when an error unwinds) before the thread is joined.
+  // Stops the units still queued or computing (only when an error unwinds) before the thread
+  // is joined.
   ~Loop() {
-    for (Slot& s : slots_) s.cancel = true;
+    for (UnitWork& u : units_) u.cancel = true;
   }
 
   LoopResult run() {
-    const double cpu0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
-    int computing = -1, ready = -1, finished = -1;
+    const double cpu0 = process_cpu_seconds();
+    const double compute_cpu0 = worker_.cpu_seconds();
+    const double t0 = MPI_Wtime();
     bool exhausted = false;
     while (true) {
-      if (computing < 0 && ready >= 0) {  // keep the compute thread busy first
-        Slot& s = slots_[ready];
-        ready = -1;
-        if (queue_.finished(s.unit)) {  // a faster rank already scored it
-          ++res_.stats.abandoned;
-          s.unit = -1;
-          continue;
-        }
-        computing = static_cast<int>(&s - slots_);
-        worker_.start(s);
-      }
-      if (finished >= 0) {  // write while the next unit computes
-        complete(slots_[finished]);
-        finished = -1;
-      }
-      if (ready < 0 && !exhausted) {
-        if (!prefetch(ready)) exhausted = true;
+      Stripe* s = free_stripe();
+      UnitWork* reading = reading_unit();
+      if (s != nullptr && reading != nullptr) {
+        read_stripe(*reading, *s);
+        worker_.submit(*s);
         continue;
       }
-      if (computing < 0) break;
-      wait(slots_[computing]);
-      finished = std::exchange(computing, -1);
+      UnitWork* spare = free_unit();
+      if (s != nullptr && spare != nullptr && !exhausted) {
+        if (!claim(*spare)) exhausted = true;
+        continue;
+      }
+      if (std::none_of(std::begin(units_), std::end(units_), [](const UnitWork& u) {
+            return u.unit >= 0;
+          })) {
+        break;
+      }
+      wait();
     }
-    res_.stats.cpu_seconds = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
+    res_.stats.cpu_seconds = process_cpu_seconds() - cpu0;
+    res_.stats.seconds_compute = worker_.busy_seconds();
+    res_.stats.cpu_seconds_compute = worker_.cpu_seconds() - compute_cpu0;
+    res_.stats.seconds_idle = MPI_Wtime() - t0 - res_.stats.seconds_compute;
     return std::move(res_);
   }
 
  private:
-  // Claims a unit into the free slot and reads it; false when nothing is left.
-  bool prefetch(int& ready) {
-    Slot* s = slots_[0].unit < 0 ? &slots_[0] : &slots_[1];
-    LOCUS_ASSERT(s->unit < 0, "no free slot to prefetch into");
-    std::int64_t held[2] = {slots_[0].unit, slots_[1].unit};
+  Stripe* free_stripe() {
+    for (Stripe& s : stripes_)
+      if (s.unit == nullptr) return &s;
+    return nullptr;
+  }
+  UnitWork* free_unit() {
+    for (UnitWork& u : units_)
+      if (u.unit < 0) return &u;
+    return nullptr;
+  }
+  // The claimed unit with rows not yet read (claims happen only once the previous unit is read
+  // to its end, so there is at most one).
+  UnitWork* reading_unit() {
+    for (UnitWork& u : units_)
+      if (u.unit >= 0 && u.next_read < u.rows.end()) return &u;
+    return nullptr;
+  }
+
+  // Claims a unit into u (and reads its labels); false when nothing is left.
+  bool claim(UnitWork& u) {
+    const std::int64_t held[2] = {units_[0].unit, units_[1].unit};
     const WorkQueue::Claim c = queue_.claim(held);
     if (c.unit < 0) return false;
-    const double t0 = MPI_Wtime();
-    s->unit = c.unit;
-    s->speculative = c.speculative;
-    s->rows = grid_.rows(c.unit);
-    s->origin = grid_.origin(c.unit);
-    s->completed = false;
-    s->cancel = false;
-    s->x.resize(s->rows.count * width_);
-    s->y.resize(in_.has_labels() ? s->rows.count : 0);
-    in_.read(s->rows.begin, s->x, s->y);
-    res_.stats.seconds_read += MPI_Wtime() - t0;
     ++(c.speculative ? res_.stats.speculative : res_.stats.claimed);
-    ready = static_cast<int>(s - slots_);
+    if (!queue_.solo() && queue_.finished(c.unit)) {  // a faster rank already scored it
+      ++res_.stats.abandoned;
+      return true;
+    }
+    const double t0 = MPI_Wtime();
+    u.unit = c.unit;
+    u.speculative = c.speculative;
+    u.rows = grid_.rows(c.unit);
+    u.origin = grid_.origin(c.unit);
+    u.next_read = u.rows.begin;
+    u.y.resize(in_.has_labels() ? u.rows.count : 0);
+    if (!u.y.empty()) in_.read_labels(u.rows.begin, u.y);
+    u.logits.resize(u.rows.count * static_cast<std::size_t>(scorer_.outputs()));
+    u.completed = true;
+    u.cancel = false;
+    res_.stats.seconds_read += MPI_Wtime() - t0;
     return true;
   }
 
-  // Waits for the compute thread. With other ranks, polls meanwhile whether one of them
-  // finished this unit first (then the compute is stopped) and lets MPI progress the one-sided
-  // requests other ranks make to this rank's window.
-  void wait(Slot& s) {
+  // Reads u's next rows, up to the next stripe boundary of its batch grid (so no batch is cut),
+  // into s. A unit another rank finished is not read any further: its remainder goes to the
+  // compute thread as one empty stripe, to be skipped.
+  void read_stripe(UnitWork& u, Stripe& s) {
     const double t0 = MPI_Wtime();
-    const auto poll = queue_.solo() ? std::chrono::milliseconds(1000) : kPoll;
-    while (!worker_.wait_for(poll)) {
-      if (queue_.solo()) continue;
-      queue_.progress();
-      if (queue_.speculating() && !s.cancel.load() && queue_.finished(s.unit)) s.cancel = true;
+    const std::uint64_t boundary =
+        u.origin + ((u.next_read - u.origin) / stripe_rows_ + 1) * stripe_rows_;
+    const bool cancelled = u.cancel.load();
+    const std::uint64_t end = cancelled ? u.rows.end() : std::min(boundary, u.rows.end());
+    s.unit = &u;
+    s.first_row = u.next_read;
+    s.rows = end - u.next_read;
+    s.first = u.next_read == u.rows.begin;
+    s.last = end == u.rows.end();
+    s.x = {};
+    if (!cancelled) {
+      const auto index = static_cast<std::size_t>(&s - stripes_.data());
+      s.x = std::span<float>(ring_).subspan(index * stripe_rows_ * in_.cols(), s.rows * in_.cols());
+      in_.read(s.first_row, s.x, {});
     }
-    res_.stats.seconds_wait += MPI_Wtime() - t0;
-    res_.stats.seconds_compute += s.compute_seconds;
-    res_.stats.cpu_seconds_compute += s.compute_cpu_seconds;
+    u.next_read = end;
+    res_.stats.seconds_read += MPI_Wtime() - t0;
   }
 
-  void complete(Slot& s) {
-    if (s.completed && queue_.try_win(s.unit)) {
+  // Waits for the compute thread to free stripes, then completes the units it finished. With
+  // other ranks, polls meanwhile whether one of them finished a unit in flight first (its
+  // remaining stripes are then skipped) and lets MPI progress the one-sided requests other
+  // ranks make to this rank's window.
+  void wait() {
+    const double t0 = MPI_Wtime();
+    const auto poll = queue_.solo() ? std::chrono::milliseconds(1000) : kPoll;
+    events_.freed.clear();
+    events_.done.clear();
+    while (!worker_.wait_for(poll, events_)) {
+      if (queue_.solo()) continue;
+      queue_.progress();
+      if (!queue_.speculating()) continue;
+      for (UnitWork& u : units_)
+        if (u.unit >= 0 && !u.cancel.load() && queue_.finished(u.unit)) u.cancel = true;
+    }
+    res_.stats.seconds_wait += MPI_Wtime() - t0;
+    for (Stripe* s : events_.freed) s->unit = nullptr;
+    for (UnitWork* u : events_.done) complete(*u);
+  }
+
+  // Post-processes and writes a unit whose forward passes this rank finished first.
+  void complete(UnitWork& u) {
+    if (u.completed && queue_.try_win(u.unit)) {
       const double t0 = MPI_Wtime();
-      out_.write(s.rows.begin, s.scores, rank_);
-      queue_.wrote(s.unit);
+      scorer_.finish(u.logits, u.y, u.scores);
+      out_.write(u.rows.begin, u.scores, rank_);
+      queue_.wrote(u.unit);
+      out_.start_writeback();  // overlap the disk writes with the remaining units
       res_.stats.seconds_write += MPI_Wtime() - t0;
       ++res_.stats.written;
-      res_.stats.speculative_wins += s.speculative;
-      res_.stats.rows += static_cast<std::int64_t>(s.rows.count);
+      res_.stats.speculative_wins += u.speculative;
+      res_.stats.rows += static_cast<std::int64_t>(u.rows.count);
       if (in_.has_labels()) {
-        res_.unit_loss[static_cast<std::size_t>(s.unit)] = s.scores.metrics.log_loss_sum;
-        res_.metrics.merge(s.scores.metrics);
+        res_.unit_loss[static_cast<std::size_t>(u.unit)] = u.scores.metrics.log_loss_sum;
+        res_.metrics.merge(u.scores.metrics);
       }
     } else {
       ++res_.stats.abandoned;
     }
-    s.unit = -1;
+    u.unit = -1;
   }
 
   WorkQueue& queue_;
   UnitGrid grid_;
+  Scorer& scorer_;
   LocalInput& in_;
   PredictionFile& out_;
   int rank_;
-  Slot slots_[2];
-  ComputeThread worker_;
-  std::size_t width_;
+  std::uint64_t stripe_rows_;
+  UnitWork units_[2];
+  std::vector<Stripe> stripes_;
+  std::vector<float, HugePageAllocator<float>> ring_;  // stripes_.size() x stripe_rows_ rows
+  ComputeThread::Events events_;
+  ComputeThread worker_;  // last: joined before the units and stripes it uses are destroyed
   LoopResult res_;
 };
 
 }  // namespace
 
+std::uint64_t stripe_rows(std::uint64_t read_rows, std::uint64_t batch_rows,
+                          std::uint64_t unit_rows, std::uint64_t cols) {
+  batch_rows = std::max<std::uint64_t>(batch_rows, 1);
+  auto round_up = [&](std::uint64_t rows) {
+    return std::max<std::uint64_t>(1, (rows + batch_rows - 1) / batch_rows) * batch_rows;
+  };
+  const std::uint64_t wanted =
+      read_rows > 0 ? read_rows : kStripeBytes / (std::max<std::uint64_t>(cols, 1) * sizeof(float));
+  return std::min(round_up(wanted), round_up(unit_rows));
+}
+
 LoopResult run_units(WorkQueue& queue, const UnitGrid& grid, Scorer& scorer,
                      LocalInput& input, PredictionFile& out, int rank,
-                     const SlowDown& slow) {
-  return Loop(queue, grid, scorer, input, out, rank, slow).run();
+                     const SlowDown& slow, std::uint64_t read_rows) {
+  return Loop(queue, grid, scorer, input, out, rank, slow, read_rows).run();
 }
 
 }  // namespace locus::infer::detail

@@ -1,6 +1,6 @@
 // The per-rank scoring loop (private): claims units from the work queue, reads them on the
-// I/O (main) thread while the compute thread scores the previous one, and writes results
-// that won. Only the main thread calls MPI and HDF5.
+// I/O (main) thread stripe by stripe just ahead of the compute thread's forward passes, and
+// post-processes and writes results that won. Only the main thread calls MPI and HDF5.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include "locus/infer/prediction_file.hpp"
 #include "locus/infer/scorer.hpp"
 #include "locus/infer/work_queue.hpp"
+#include "compute_thread.hpp"
 #include "input.hpp"
 #include "locus/io/dataset.hpp"
 
@@ -36,20 +37,20 @@ struct UnitGrid {
   }
 };
 
-struct SlowDown {
-  double factor = 1.0;    // compute this many times slower
-  std::int64_t ms = 0;    // sleep before each unit
-};
-
 struct LoopResult {
   RankStats stats;
   Metrics metrics;                  // merged over this rank's won units (log_loss_sum unused)
   std::vector<double> unit_loss;    // per unit: its log-loss sum if this rank won it, else 0
 };
 
+// Rows per stripe (see compute_thread.hpp): read_rows rounded up to a multiple of the batch,
+// or about 2 MiB of features when read_rows is 0; at most the unit (rounded up likewise).
+std::uint64_t stripe_rows(std::uint64_t read_rows, std::uint64_t batch_rows,
+                          std::uint64_t unit_rows, std::uint64_t cols);
+
 // Local to this rank except for the one-sided queue operations; every rank calls it once.
 LoopResult run_units(WorkQueue& queue, const UnitGrid& grid, Scorer& scorer,
                      LocalInput& input, PredictionFile& out, int rank,
-                     const SlowDown& slow);
+                     const SlowDown& slow, std::uint64_t read_rows = 0);
 
 }  // namespace locus::infer::detail

@@ -2,6 +2,9 @@
 // durable committed_rows watermark.
 #include "locus/infer/prediction_file.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <array>
@@ -11,6 +14,7 @@
 #include "locus/config.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/publish.hpp"
+#include "quiet_wait.hpp"
 
 namespace locus::infer {
 
@@ -115,8 +119,11 @@ void write_rows_independent(const h5::Dataset& dset, std::uint64_t first_row,
   LOCUS_H5_CHECK(H5Dwrite(dset.id(), mem_type, memspace.get(), filespace.get(), dxpl, data));
 }
 
+void FdTraits::close(int fd) noexcept { ::close(fd); }
+
 PredictionFile::PredictionFile(h5::File& file, PredictionLayout layout, h5::Dataset values)
-    : file_(&file), layout_(layout), values_(std::move(values)), dxpl_(independent_dxpl()) {}
+    : file_(&file), layout_(layout), values_(std::move(values)), dxpl_(independent_dxpl()),
+      writeback_fd_(::open(file.path().c_str(), O_RDONLY | O_CLOEXEC)) {}
 
 PredictionFile PredictionFile::create(h5::File& file, const PredictionLayout& layout,
                                       const PredictionProvenance& prov, std::uint64_t rows) {
@@ -218,14 +225,17 @@ void PredictionFile::write(std::uint64_t first_row, const Scores& s, int writer_
   }
 }
 
+void PredictionFile::start_writeback() noexcept {
+  // Best effort: a failure here only means the final fsync has more to do.
+  if (writeback_fd_) ::sync_file_range(writeback_fd_.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
+}
+
 void PredictionFile::commit_rows(std::uint64_t rows, bool sync, const char* hook_point) {
   const mpi::Comm& comm = file_->comm();
   auto durable = [&] {
     if (!sync) return;
     file_->flush();
-    mpi::agree_on(comm, [&] {
-      if (comm.is_root()) io::fsync_path(file_->path(), false);
-    });
+    detail::on_root_quietly(comm, [&] { io::fsync_path(file_->path(), false); });
   };
   durable();
   if (hook_point != nullptr) test_hook(hook_point);

@@ -18,6 +18,7 @@ void rank_json(io::JsonWriter& w, int rank, const RankStats& s) {
   w.key("abandoned_runs").value(s.abandoned);
   w.key("seconds_read").value(s.seconds_read).key("seconds_compute").value(s.seconds_compute);
   w.key("seconds_write").value(s.seconds_write).key("seconds_wait").value(s.seconds_wait);
+  w.key("seconds_idle").value(s.seconds_idle);
   w.key("cpu_seconds_compute").value(s.cpu_seconds_compute).key("cpu_seconds").value(s.cpu_seconds);
   w.end_object();
 }

@@ -73,22 +73,22 @@ Scorer::Scorer(const train::Mlp& model, const ScoreSpec& spec)
 bool Scorer::score(std::uint64_t grid_origin, std::uint64_t first_row, std::span<const float> x,
                    std::span<const std::int32_t> labels, Scores& out,
                    const std::function<bool()>& stop) {
+  logits_.resize(x.size() / static_cast<std::size_t>(inputs_) * static_cast<std::size_t>(outputs_));
+  if (!forward(grid_origin, first_row, x, logits_, stop)) return false;
+  finish(logits_, labels, out);
+  return true;
+}
+
+bool Scorer::forward(std::uint64_t grid_origin, std::uint64_t first_row, std::span<const float> x,
+                     std::span<float> logits, const std::function<bool()>& stop) {
   const auto d = static_cast<std::size_t>(inputs_);
   const auto c = static_cast<std::size_t>(outputs_);
-  const auto k = static_cast<std::size_t>(spec_.top_k);
   LOCUS_ASSERT(x.size() % d == 0, fmt::format("{} floats is not a whole number of {}-wide rows",
                                               x.size(), d));
   const std::size_t n = x.size() / d;
-  LOCUS_ASSERT(labels.empty() || labels.size() == n,
-               fmt::format("{} labels for {} rows", labels.size(), n));
   LOCUS_ASSERT(grid_origin <= first_row, "the batch grid must start at or before the block");
-  const bool probs = spec_.kind == OutputKind::probabilities;
-  out.values.resize(n * c);
-  out.predicted.resize(probs ? n : 0);
-  out.topk_index.resize(n * k);
-  out.topk_value.resize(n * k);
-  out.metrics.reset(labels.empty() ? 0 : outputs_);
-
+  LOCUS_ASSERT(logits.size() == n * c, fmt::format("{} logits for {} rows of {} outputs",
+                                                   logits.size(), n, c));
   const auto b = static_cast<std::uint64_t>(spec_.batch_rows);
   std::size_t pos = 0;
   while (pos < n) {
@@ -102,17 +102,35 @@ bool Scorer::score(std::uint64_t grid_origin, std::uint64_t first_row, std::span
       std::copy_n(in, take * d, padded_.begin() + static_cast<std::ptrdiff_t>(offset * d));
       in = padded_.data();
     }
-    const std::span<const float> logits =
+    const std::span<const float> z =
         train::forward(model_, std::span<const float>(in, b * d), spec_.batch_rows, ws_);
-    finish_batch(logits.subspan(offset * c, take * c), static_cast<int>(pos),
-                 static_cast<int>(take), labels, out);
+    std::copy_n(z.begin() + static_cast<std::ptrdiff_t>(offset * c), take * c,
+                logits.begin() + static_cast<std::ptrdiff_t>(pos * c));
     pos += take;
     if (stop && stop()) return false;
   }
   return true;
 }
 
-void Scorer::finish_batch(std::span<const float> logits, int row0, int rows,
+void Scorer::finish(std::span<const float> logits, std::span<const std::int32_t> labels,
+                    Scores& out) const {
+  const auto c = static_cast<std::size_t>(outputs_);
+  const auto k = static_cast<std::size_t>(spec_.top_k);
+  LOCUS_ASSERT(logits.size() % c == 0, fmt::format("{} logits is not a whole number of {}-wide "
+                                                   "rows", logits.size(), c));
+  const std::size_t n = logits.size() / c;
+  LOCUS_ASSERT(labels.empty() || labels.size() == n,
+               fmt::format("{} labels for {} rows", labels.size(), n));
+  const bool probs = spec_.kind == OutputKind::probabilities;
+  out.values.resize(n * c);
+  out.predicted.resize(probs ? n : 0);
+  out.topk_index.resize(n * k);
+  out.topk_value.resize(n * k);
+  out.metrics.reset(labels.empty() ? 0 : outputs_);
+  finish_rows(logits, 0, static_cast<int>(n), labels, out);
+}
+
+void Scorer::finish_rows(std::span<const float> logits, int row0, int rows,
                           std::span<const std::int32_t> labels, Scores& out) const {
   const int c = outputs_;
   const auto cs = static_cast<std::size_t>(c);

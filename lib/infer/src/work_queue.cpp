@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "locus/io/dataset.hpp"
+#include "quiet_wait.hpp"
 
 namespace locus::infer {
 
@@ -135,7 +136,9 @@ void WorkQueue::progress() {
 }
 
 WorkQueue::Summary WorkQueue::finish() {
-  comm_.barrier();  // every rank's operations completed (each was flushed)
+  // Every rank's operations completed (each was flushed). Ranks that ran out of units sleep
+  // here rather than spin: the ranks still scoring may need the core (see quiet_wait.hpp).
+  detail::quiet_barrier(comm_);
   Summary s;
   s.units = units_;
   std::vector<std::int64_t> state(static_cast<std::size_t>(4 * units_));

@@ -25,6 +25,10 @@ struct InferOptions {
   int top_k = 0;
   int batch_rows = 256;
   std::uint64_t unit_rows = 0;         // 0 → about 8192 rows, a multiple of the input chunks
+  // Rows per read: each rank reads its units this many rows at a time into a small ring just
+  // ahead of its compute thread (0 → about 2 MiB of features; rounded up to whole batches).
+  // Any value gives the same bytes.
+  std::uint64_t read_rows = 0;
   bool speculate = true;               // re-run stragglers' units when the queue is empty
   // dynamic: units from the shared counter; static_blocks (a benchmark baseline): rank r scores
   // the r-th contiguous block of units, no speculation.
@@ -50,7 +54,14 @@ struct RankStats {
   std::int64_t speculative_wins = 0; // speculative re-runs that won
   std::int64_t abandoned = 0;        // runs dropped because another rank finished first
   std::int64_t rows = 0;             // rows written
+  // Wall seconds of the main thread's reads (features stripe by stripe, labels per unit), of
+  // the compute thread's forward passes, of the main thread's post-processing (softmax, argmax,
+  // top-k, metrics) and writing of won units, and of the main thread waiting for the compute
+  // thread.
   double seconds_read = 0, seconds_compute = 0, seconds_write = 0, seconds_wait = 0;
+  // Wall time of the scoring loop in which the compute thread had nothing to score (waiting
+  // for the first read, for a late read, for the last write): what the pipeline failed to hide.
+  double seconds_idle = 0;
   // CPU time (not wall clock) of the compute thread and of the whole process during the
   // scoring loop: on a shared machine these show the work done, whatever the load.
   double cpu_seconds_compute = 0, cpu_seconds = 0;

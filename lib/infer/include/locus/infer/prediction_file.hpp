@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "locus/comm/handle.hpp"
 #include "locus/infer/scorer.hpp"
 #include "locus/io/dataset.hpp"
 #include "locus/io/file.hpp"
@@ -38,6 +39,13 @@ struct PredictionProvenance {
   std::string config;             // effective config (INI)
 };
 
+// A POSIX file descriptor owned by a Handle.
+struct FdTraits {
+  using value_type = int;
+  static constexpr int invalid() noexcept { return -1; }
+  static void close(int fd) noexcept;
+};
+
 class PredictionFile {
  public:
   // Collective over file.comm(): creates every dataset for `rows` rows (extendible, chunks of
@@ -62,6 +70,10 @@ class PredictionFile {
   // every dataset from s (n = s.predicted/values rows). Needs only raw-data I/O: the chunks
   // exist since creation, so no metadata changes.
   void write(std::uint64_t first_row, const Scores& s, int writer_rank);
+  // Local: asks the kernel to start writing what was written so far to disk, without waiting
+  // (sync_file_range); does nothing where that is not available. The fsync that makes the rows
+  // durable at the end then finds little left to write, instead of the whole file.
+  void start_writeback() noexcept;
   // Collective over the file's communicator: makes every written row durable (H5Fflush, then
   // fsync of the file by rank 0), then advances committed_rows to `rows` and makes that durable
   // too. A crash before the attribute write leaves the old watermark: a rerun rewrites the same
@@ -79,6 +91,7 @@ class PredictionFile {
   h5::Dataset values_;
   std::optional<h5::Dataset> predicted_, topk_index_, topk_value_, writer_;
   h5::Id dxpl_;  // independent transfers
+  Handle<FdTraits> writeback_fd_;  // read-only descriptor for start_writeback()
 };
 
 // Writes `rows` rows of `dset` starting at first_row from `data` with independent MPI-IO.

@@ -1,6 +1,7 @@
 // Scoring a block of rows with a model: the forward pass over a fixed batch grid, softmax
 // probabilities (or raw outputs), argmax, top-k and label metrics. Pure computation, no MPI,
-// no HDF5: it runs on the compute thread.
+// no HDF5: locus-infer runs the forward passes on its compute thread and the rest on its main
+// thread.
 #pragma once
 
 #include <cstdint>
@@ -67,8 +68,19 @@ class Scorer {
              std::span<const std::int32_t> labels, Scores& out,
              const std::function<bool()>& stop = {});
 
+  // score() in two halves, so that a pipeline can run them on different threads and a block
+  // can be computed in pieces: forward() writes the logits of the n rows of x into `logits`
+  // ([n, outputs]; the batch grid and the stop poll as in score(); false when stopped);
+  // finish() turns the logits of a block into `out` (softmax or raw values, argmax, top-k,
+  // metrics). finish() is const and touches no scorer buffer, so it may run concurrently with
+  // forward(). Same bytes as score(), however a block is cut into pieces along its batch grid.
+  bool forward(std::uint64_t grid_origin, std::uint64_t first_row, std::span<const float> x,
+               std::span<float> logits, const std::function<bool()>& stop = {});
+  void finish(std::span<const float> logits, std::span<const std::int32_t> labels,
+              Scores& out) const;
+
  private:
-  void finish_batch(std::span<const float> logits, int row0, int rows,
+  void finish_rows(std::span<const float> logits, int row0, int rows,
                     std::span<const std::int32_t> labels, Scores& out) const;
 
   const train::Mlp& model_;
@@ -77,6 +89,7 @@ class Scorer {
   int outputs_ = 0;
   train::Workspace ws_;
   std::vector<float> padded_;  // [batch_rows, inputs] for batches that are not full
+  std::vector<float> logits_;  // score()'s forward() output
 };
 
 }  // namespace locus::infer
