@@ -87,6 +87,8 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   const train::TrainSummary summary = trainer->train(&observers, -1, &*checkpointer);
   checkpointer->wait();
   const int signal = checkpointer->stopped_by_signal();
+  // This rank's layers (a pipeline stage holds only its own): the stages write the model file
+  // together, each its layers.
   const train::Mlp model = trainer->state().model;
   const std::int64_t steps = trainer->state().step;
   checkpointer.reset();

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <utility>
 
 namespace locus::app {
 
@@ -27,6 +29,15 @@ void Progress::header(const train::Trainer& t) const {
     fmt::print("  {} micro-batch{} per step, {} schedule; {}\n", o.micro_batches,
                o.micro_batches == 1 ? "" : "es", train::to_string(o.pipeline_schedule),
                p->describe());
+    // What a stage keeps (this is rank 0, stage 0): its layers only, never the whole model.
+    const train::TrainState& st = t.state();
+    std::size_t bytes = st.model.params().size_bytes();
+    for (const auto& b : std::as_const(*st.optimizer).state()) bytes += b.data.size_bytes();
+    const std::size_t whole = st.model.layout().size() * sizeof(float) *
+                              (bytes / std::max<std::size_t>(st.model.params().size_bytes(), 1));
+    fmt::print("  a stage-0 rank holds {:.1f} MiB of parameters and optimizer state (the whole "
+               "model's: {:.1f} MiB)\n",
+               static_cast<double>(bytes) / 1048576.0, static_cast<double>(whole) / 1048576.0);
   }
   std::fflush(stdout);
 }

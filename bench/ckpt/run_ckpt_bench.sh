@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Checkpoint benchmarks (bench/RESULTS.md, "Checkpoints"), medians of alternating rounds:
-#  1. write bandwidth of a checkpoint (full commit: HDF5 collective write, CRC-32s, fsync,
-#     rename, directory fsync, pointer) against `dd conv=fsync` of the same bytes into the same
-#     directory; and the resume of that checkpoint: metadata alone, verified load;
+#  1. write bandwidth of a checkpoint (full commit: HDF5 file, every rank's rows, CRC-32s,
+#     fsync, rename, directory fsync, pointer) against `dd conv=fsync` of the same bytes into
+#     the same directory, in one process set, rounds alternating which goes first; and the
+#     resume of that checkpoint: metadata alone, verified load cold (evicted from the page
+#     cache) and warm;
 #  2. the training stall per checkpoint of locus-train with synchronous vs background saves
 #     (the training loop's time with checkpoints minus without, per checkpoint).
 #   bench/ckpt/run_ckpt_bench.sh [BUILD_DIR] [OUT_DIR]
-# Env: RANKS (2), ROUNDS (3), WIDTH (16384: a 1 GiB single-layer model), STALL_WIDTHS, PARTS.
+# Env: RANKS (2), ROUNDS (3), WIDTH (16384: a 1 GiB single-layer model), STALL_WIDTHS, PARTS,
+# SETTLE (2: seconds of idle disk before every timed write).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -22,27 +25,22 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 field() { sed -n "s/.*\"$1\":\([0-9.e+-]*\).*/\1/p"; }
 
 if [[ $parts == *1* ]]; then
-echo "== 1. write and resume: ${width}x${width} float32 model on $ranks ranks, $rounds rounds (dir $out)"
-: >"$out/write.jsonl"; : >"$out/dd.txt"
-for r in $(seq "$rounds"); do
-  launch "$ranks" "$build/bench/ckpt/locus_ckpt_bench" "$out/ck" "$width" | tee -a "$out/write.jsonl"
-  bytes=$(tail -n 1 "$out/write.jsonl" | field bytes)
-  # dd of the same bytes: the checkpoint just written, still in the page cache, so dd too
-  # copies memory that is not in the CPU caches (from /dev/zero it would copy one hot page).
-  start=$(date +%s.%N)
-  dd if="$out/ck/ckpt-00000001.h5" of="$out/dd.bin" bs=1M conv=fsync status=none
-  end=$(date +%s.%N)
-  rm -rf "$out/ck"  # outside the timed parts: unlinking 1 GiB is no part of a write
-  echo "$bytes $start $end" | awk '{printf "%.4f\n", $1 / 1e9 / ($3 - $2)}' | tee -a "$out/dd.txt"
-  rm -f "$out/dd.bin"
-done
-w=$(field write_GBps <"$out/write.jsonl" | median)
-d=$(median <"$out/dd.txt")
-echo "median write GB/s: locus $w, dd conv=fsync $d, ratio $(awk -v a="$w" -v b="$d" 'BEGIN{printf "%.2f", a/b}')"
-echo "median resume: metadata $(field meta_s <"$out/write.jsonl" | median) s, verified load" \
-     "$(field load_s <"$out/write.jsonl" | median) s ($(field load_GBps <"$out/write.jsonl" | median) GB/s)," \
-     "CRC-32 $(field crc_GBps_per_rank <"$out/write.jsonl" | median) GB/s per rank," \
-     "agreed stop flag $(field flag_us <"$out/write.jsonl" | median) us per step"
+echo "== 1. write and resume: ${width}x${width} float32 model on $ranks ranks, $rounds rounds (dir $out), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+# One process set runs every round, dd included (see ckpt_bench.cpp for why).
+launch "$ranks" "$build/bench/ckpt/locus_ckpt_bench" "$out" "$width" sgd "$rounds" \
+  "${SETTLE:-2}" | tee "$out/write.jsonl"
+rounds_only() { grep '"round"' "$out/write.jsonl"; }
+w=$(rounds_only | field write_GBps | median)
+d=$(rounds_only | field dd_GBps | median)
+echo "median write GB/s: locus $w, dd conv=fsync $d, ratio of the medians $(awk -v a="$w" -v b="$d" 'BEGIN{printf "%.2f", a/b}')," \
+     "median of the per-round ratios $(rounds_only | field ratio | median)"
+echo "median resume: metadata $(rounds_only | field meta_s | median) s," \
+     "verified load cold $(rounds_only | field cold_load_s | median) s" \
+     "($(rounds_only | field cold_load_GBps | median) GB/s; page-cache share before: $(rounds_only | field cached_before_cold | median))," \
+     "warm $(rounds_only | field load_s | median) s ($(rounds_only | field load_GBps | median) GB/s)," \
+     "CRC-32 $(field crc_GBps_per_rank <"$out/write.jsonl") GB/s per rank," \
+     "agreed stop flag $(field flag_us <"$out/write.jsonl") us per step"
+echo "load average during part 1 (per round): $(rounds_only | field loadavg | tr '\n' ' ')"
 fi
 [[ $parts == *2* ]] || exit 0
 

@@ -1,16 +1,20 @@
-// locus_pipeline_bench: pipeline parallelism on a deep MLP, on 2 ranks: the step time and
+// locus_pipeline_bench: pipeline parallelism on a deep MLP, on 2 ranks: each rank's training
+// state (parameters, gradient, AdamW state) at pp = 1 and pp = 2, measured from the trainer's
+// own buffers and from the heap's growth while they are allocated; the step time and
 // throughput of pp = 2 (GPipe and 1F1B, several micro-batch counts) against dp = 2 and one
 // rank; the measured pipeline bubble against the theoretical (S-1)/(M+S-1); the peak activation
 // memory of each stage under GPipe and 1F1B as M grows. Configurations alternate round by
 // round (the machine is shared and noisy); every figure is a median over rounds x steps.
 //   mpirun -n 2 locus_pipeline_bench [--widths 2048,...(9 x 2048)] [--batch 128]
 //                                    [--micro 1,2,4,8,16] [--rounds 3] [--steps 2]
-//                                    [--micro-rows 16]
+//                                    [--micro-rows 16] [--timing 1]
+// --timing 0 prints the state memory only.
 // The memory sweep at the end keeps the micro-batch at --micro-rows rows and grows the batch
 // with M (the setting where GPipe's activations grow with M and 1F1B's stay bounded).
 // A step is forward + loss + backward + gradient all-reduce (dp) + SGD update; its time is
 // the slowest rank's. In the 1-rank rows the second rank sleeps (it does not poll MPI).
 #include <fmt/format.h>
+#include <malloc.h>
 #include <mpi.h>
 #include <time.h>
 
@@ -20,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "locus/comm/app.hpp"
@@ -28,6 +33,7 @@
 #include "locus/train/grid.hpp"
 #include "locus/train/optimizer.hpp"
 #include "locus/train/pipeline.hpp"
+#include "locus/train/train_state.hpp"
 
 namespace {
 
@@ -42,6 +48,7 @@ struct Args {
   int rounds = 3;
   int steps = 2;
   int micro_rows = 16;
+  bool timing = true;
 };
 
 Args parse(int argc, char** argv) {
@@ -61,6 +68,8 @@ Args parse(int argc, char** argv) {
       a.steps = std::atoi(value);
     else if (key == "--micro-rows")
       a.micro_rows = std::atoi(value);
+    else if (key == "--timing")
+      a.timing = std::atoi(value) != 0;
     else
       throw ConfigError("unknown option " + std::string(key) + ": see the file header");
   }
@@ -88,6 +97,66 @@ void sleep_until_all(const mpi::Comm& comm) {
     const timespec ts{0, 1000000};
     nanosleep(&ts, nullptr);
   }
+}
+
+// Bytes the process has allocated from the heap (small blocks and mmapped large ones).
+std::uint64_t heap_bytes() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+// One rank's training state as the trainer builds it on grid g (TrainState of the rank's
+// layers -- its stage's with pp > 1 -- and the compute backend with its gradient buffer).
+struct StateBytes {
+  std::uint64_t params = 0, grads = 0, optimizer = 0;  // from the buffers
+  std::uint64_t heap = 0;  // the heap's growth while the state and backend were built
+};
+
+// Collective over g.world().
+StateBytes measure_state(const Grid& g, const ModelSpec& spec) {
+  OptimizerOptions adamw;
+  adamw.kind = OptimizerKind::adamw;
+  const StagePartition partition(ParamLayout(spec.widths), g.pipeline_stages());
+  StateBytes b;
+  const std::uint64_t before = heap_bytes();
+  TrainState state(spec, adamw, partition.stage(g.stage()).held());
+  PipelineCompute compute(g, state, Loss::softmax_cross_entropy, PipelineOptions{});
+  b.heap = heap_bytes() - before;
+  b.params = state.model.params().size_bytes();
+  b.grads = compute.grads().size_bytes();
+  for (const auto& s : std::as_const(*state.optimizer).state()) {
+    b.optimizer += s.data.size_bytes();
+  }
+  return b;
+}
+
+// Prints every rank's state at pp = 1 (dp = 2) and pp = 2 (on rank 0).
+void print_state_memory(const mpi::Comm& world, const Grid& dp, const Grid& pp,
+                        const ModelSpec& spec) {
+  const auto mib = [](std::int64_t v) { return static_cast<double>(v) / 1048576.0; };
+  std::vector<std::string> lines;
+  for (const Grid* g : {&dp, &pp}) {
+    const StateBytes b = measure_state(*g, spec);
+    const auto params = world.allgather(static_cast<std::int64_t>(b.params));
+    const auto grads = world.allgather(static_cast<std::int64_t>(b.grads));
+    const auto opt = world.allgather(static_cast<std::int64_t>(b.optimizer));
+    const auto heap = world.allgather(static_cast<std::int64_t>(b.heap));
+    const std::string name = g == &dp ? "pp=1 (dp=2)" : "pp=2";
+    for (std::size_t r = 0; r < params.size(); ++r) {
+      lines.push_back(fmt::format("{:<12} | {:>4} | {:>10.1f} | {:>9.1f} | {:>13.1f} | {:>9.1f} "
+                                  "| {:>15.1f}",
+                                  name, r, mib(params[r]), mib(grads[r]), mib(opt[r]),
+                                  mib(params[r] + grads[r] + opt[r]), mib(heap[r])));
+    }
+  }
+  if (!world.is_root()) return;
+  fmt::print("# per-rank training state, adamw (parameters + gradient + exp_avg + exp_avg_sq), "
+             "widths {}\n",
+             format_widths(spec.widths));
+  fmt::print("{:<12} | {:>4} | {:>10} | {:>9} | {:>13} | {:>9} | {:>15}\n", "config", "rank",
+             "params MiB", "grads MiB", "optimizer MiB", "total MiB", "heap growth MiB");
+  for (const auto& l : lines) fmt::print("{}\n", l);
+  fmt::print("\n");
 }
 
 // One configuration under test: an engine (on its own grid) and what it was measured at.
@@ -165,6 +234,8 @@ int main(int argc, char** argv) {
     const Args& a = bench.args;
     const mpi::Comm self = world.split(world.rank(), 0);
     const Grid solo(self, 1), dp(world, 1), pp(world, 2);
+    print_state_memory(world, dp, pp, bench.model.spec());
+    if (!a.timing) return 0;
     const StageRange mine = StagePartition(bench.model.layout(), 2).stage(pp.stage());
     bench.grads_slice.resize(mine.size());
     OptimizerOptions sgd;

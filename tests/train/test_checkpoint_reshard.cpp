@@ -11,17 +11,8 @@
 namespace locus::train::test {
 namespace {
 
-class CheckpointReshard : public ::testing::Test {
+class CheckpointReshard : public CheckpointSuite {
  protected:
-  static void SetUpTestSuite() {
-    use_memory_tmpdir();
-    data_ = new Data(world());
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  static Data& data() { return *data_; }
   static TrainOptions options(OptimizerKind kind) {
     TrainOptions o = small_options(data());
     o.log_every = 1;
@@ -35,11 +26,7 @@ class CheckpointReshard : public ::testing::Test {
     }
     return o;
   }
-
- private:
-  static Data* data_;
 };
-Data* CheckpointReshard::data_ = nullptr;
 
 // Collective over `comm`: trains to `stop` and saves into `dir` (on comm's ranks only).
 void save_at(const mpi::Comm& comm, const TrainOptions& o, std::int64_t stop,

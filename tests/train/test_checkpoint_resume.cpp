@@ -19,17 +19,8 @@
 namespace locus::train::test {
 namespace {
 
-class CheckpointResume : public ::testing::Test {
+class CheckpointResume : public CheckpointSuite {
  protected:
-  static void SetUpTestSuite() {
-    use_memory_tmpdir();
-    data_ = new Data(world());
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  static Data& data() { return *data_; }
   static TrainOptions sgd() {
     TrainOptions o = small_options(data());
     o.model.dropout = 0.2f;
@@ -46,11 +37,7 @@ class CheckpointResume : public ::testing::Test {
     o.log_every = 1;
     return o;
   }
-
- private:
-  static Data* data_;
 };
-Data* CheckpointResume::data_ = nullptr;
 
 // Trains to `stop` with a Checkpointer and saves there (as a preempted job would), then a new
 // trainer resumes with --resume=auto and finishes.

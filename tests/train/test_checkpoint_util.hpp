@@ -7,9 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "locus/comm/error.hpp"
+#include "locus/io/dataset.hpp"
+#include "locus/io/file.hpp"
 #include "locus/train/checkpoint.hpp"
 #include "test_trainer_util.hpp"
 
@@ -27,6 +31,16 @@ inline const mpi::Comm& world() {
   return w;
 }
 
+// The suite of a checkpoint test: one Data on MPI_COMM_WORLD for all its tests, and every file
+// (datasets, checkpoints) in memory.
+class CheckpointSuite : public WorldDataSuite {
+ protected:
+  static void SetUpTestSuite() {
+    use_memory_tmpdir();
+    WorldDataSuite::SetUpTestSuite();
+  }
+};
+
 // Everything compared between an interrupted and an uninterrupted run.
 struct Outcome {
   std::vector<float> params;
@@ -35,11 +49,48 @@ struct Outcome {
   std::vector<StepMetrics> steps;  // log_every = 1: one per step
 };
 
+// A whole state (every layer held: no pipeline stages).
 inline void add_state(Outcome& o, const TrainState& s) {
+  ASSERT_TRUE(s.model.whole()) << "a pipeline stage's state: use add_state(o, trainer)";
   o.params.assign(s.model.params().begin(), s.model.params().end());
   o.optimizer.clear();
   for (const auto& b : std::as_const(*s.optimizer).state()) {
     o.optimizer.emplace_back(b.data.begin(), b.data.end());
+  }
+  o.optimizer_steps = s.optimizer->steps();
+}
+
+// Collective over comm: the whole layout-sized buffer from every rank's slice of it (`offset`:
+// the layout offset of slice[0]; the ranks' slices cover the layout, replicas alike). Each
+// slice's lowest rank contributes it and every other rank zeros, combined by a bitwise OR, so
+// no float arithmetic touches the values (-0.0 and NaN bits survive).
+inline std::vector<float> gather_slices(const mpi::Comm& comm, std::span<const float> slice,
+                                        std::size_t offset, std::size_t size) {
+  const auto offsets = comm.allgather(static_cast<std::uint64_t>(offset));
+  bool first = true;  // the lowest rank holding this slice
+  for (int r = 0; r < comm.rank(); ++r) {
+    first = first && offsets[static_cast<std::size_t>(r)] != offset;
+  }
+  std::vector<std::uint32_t> bits(size, 0u);
+  if (first) std::memcpy(bits.data() + offset, slice.data(), slice.size_bytes());
+  LOCUS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(size), MPI_UINT32_T,
+                                MPI_BOR, comm.get()));
+  std::vector<float> out(size);
+  std::memcpy(out.data(), bits.data(), size * sizeof(float));
+  return out;
+}
+
+// Collective over the trainer's world: its whole state, gathered from the stages when each
+// rank holds only its stage's layers (a test's view; the library never gathers it).
+inline void add_state(Outcome& o, const Trainer& t) {
+  const TrainState& s = t.state();
+  if (t.grid().pipeline_stages() == 1) return add_state(o, s);
+  const mpi::Comm& comm = t.grid().world();
+  const std::size_t size = s.model.layout().size(), at = s.model.offset();
+  o.params = gather_slices(comm, s.model.params(), at, size);
+  o.optimizer.clear();
+  for (const auto& b : std::as_const(*s.optimizer).state()) {
+    o.optimizer.push_back(gather_slices(comm, b.data, at, size));
   }
   o.optimizer_steps = s.optimizer->steps();
 }
@@ -50,7 +101,7 @@ inline Outcome straight_run(const mpi::Comm& comm, const TrainOptions& o) {
   Recorder rec;
   t.train(&rec);
   Outcome out;
-  add_state(out, t.state());
+  add_state(out, t);
   out.steps = rec.steps;
   return out;
 }
@@ -96,6 +147,36 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
     ASSERT_NEAR(got[i], q, 2e-6 + 2e-5 * std::abs(q)) << what << ": element " << i;
   }
   ::testing::Test::RecordProperty(what, std::to_string(worst));
+}
+
+// Rank 0 of world() flips one bit in the middle of the tensor dataset `name` of a checkpoint
+// ("/model/layers.3.weight"), found through HDF5 (tensors are contiguous). Collective.
+inline void flip_tensor_bit(const std::string& path, const std::string& name) {
+  if (world().is_root()) {
+    haddr_t at = HADDR_UNDEF;
+    hsize_t bytes = 0;
+    {
+      h5::File f = h5::File::open(mpi::Comm::borrow(MPI_COMM_SELF), path, h5::File::Mode::read);
+      {
+        const h5::Dataset ds = h5::Dataset::open(f, name);
+        at = H5Dget_offset(ds.id());
+        bytes = H5Dget_storage_size(ds.id());
+      }
+      f.close();
+    }
+    EXPECT_NE(at, HADDR_UNDEF) << name << " is not a contiguous dataset";
+    if (at != HADDR_UNDEF) {
+      std::fstream io(path, std::ios::binary | std::ios::in | std::ios::out);
+      io.seekg(static_cast<std::streamoff>(at + bytes / 2));
+      char c = 0;
+      io.read(&c, 1);
+      c = static_cast<char>(c ^ 0x04);
+      io.seekp(static_cast<std::streamoff>(at + bytes / 2));
+      io.write(&c, 1);
+      EXPECT_TRUE(io.good()) << "cannot flip a bit of " << path;
+    }
+  }
+  world().barrier();  // every rank waits for the damage
 }
 
 }  // namespace locus::train::test

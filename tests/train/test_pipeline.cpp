@@ -347,19 +347,31 @@ TEST(Pipeline, EvaluateMatchesSerialForward) {
   }
 }
 
-// The trainer's backend: the stage trains its slice of a whole TrainState; sync_to_host makes
-// every rank's state whole (what checkpoints write), equal on every rank and to a serial run.
-TEST(Pipeline, ComputeBackendGathersTheWholeState) {
+// The trainer's backend: a TrainState of the stage's layers only (parameters, gradients and
+// optimizer state all the stage's size, together exactly the model), trained like a serial
+// run to rounding, replicas bitwise alike; a whole state is refused (agreed).
+TEST(Pipeline, ComputeBackendTrainsAStageSizedState) {
   for (const int stages : stage_counts()) {
     if (stages == 1) continue;
     const Grid g(world(), stages);
     RunSetup s;
     s.opt.kind = OptimizerKind::adamw;
     s.micro = 3;
-    TrainState state(spec_of(s), s.opt);
+    const ParamLayout layout(kWidths);
+    const StageRange r = StagePartition(layout, stages).stage(g.stage());
+    TrainState state(spec_of(s), s.opt, r.held());
     PipelineOptions po;
     po.micro_batches = s.micro;
     PipelineCompute compute(g, state, s.loss, po);
+    SCOPED_TRACE(name(g, s));
+    EXPECT_EQ(state.model.offset(), r.begin);
+    EXPECT_EQ(state.model.params().size(), r.size());
+    EXPECT_EQ(compute.grads().size(), r.size());
+    const auto buffers = std::as_const(*state.optimizer).state();
+    ASSERT_EQ(buffers.size(), 2u);
+    for (const auto& b : buffers) EXPECT_EQ(b.data.size(), r.size()) << b.name;
+    EXPECT_EQ(g.pp().allreduce(static_cast<std::uint64_t>(state.model.params().size()), MPI_SUM),
+              layout.size());
     const int dp = g.data_parallel(), d = g.dp_rank();
     for (std::int64_t step = 0; step < s.steps; ++step) {
       const Rows rows =
@@ -368,23 +380,25 @@ TEST(Pipeline, ComputeBackendGathersTheWholeState) {
                                static_cast<std::uint64_t>(step), s.batch, {});
       compute.optimizer_step(lr_of(s), 1.0f);
     }
-    compute.sync_to_host();
+    EXPECT_EQ(state.optimizer->steps(), s.steps);
     const auto p = state.model.params();
     std::vector<float> lo(p.begin(), p.end()), hi = lo;
-    world().allreduce_inplace(std::span<float>(lo), MPI_MIN);
-    world().allreduce_inplace(std::span<float>(hi), MPI_MAX);
-    EXPECT_EQ(lo, hi) << "ranks hold different states after sync_to_host";
-    for (const auto& buf : std::as_const(*state.optimizer).state()) {
-      std::vector<float> a(buf.data.begin(), buf.data.end()), b = a;
-      world().allreduce_inplace(std::span<float>(a), MPI_MIN);
-      world().allreduce_inplace(std::span<float>(b), MPI_MAX);
-      EXPECT_EQ(a, b) << "optimizer state " << buf.name << " differs between ranks";
-    }
-    EXPECT_EQ(state.optimizer->steps(), s.steps);
-    const RunResult serial = run_serial(s, 0, p.size());
+    g.dp().allreduce_inplace(std::span<float>(lo), MPI_MIN);
+    g.dp().allreduce_inplace(std::span<float>(hi), MPI_MAX);
+    EXPECT_EQ(lo, hi) << "data-parallel replicas of stage " << g.stage() << " disagree";
+    const RunResult serial = run_serial(s, r.begin, r.end);
+    ASSERT_EQ(p.size(), serial.slice.size());
     for (std::size_t i = 0; i < p.size(); ++i) {
       ASSERT_NEAR(p[i], serial.slice[i], 1e-5 + 1e-4 * std::abs(serial.slice[i]))
-          << "parameter " << i << ", " << name(g, s);
+          << "parameter " << r.begin + i;
+    }
+    TrainState whole(spec_of(s), s.opt);
+    try {
+      PipelineCompute wrong(g, whole, s.loss, po);
+      ADD_FAILURE() << "a whole TrainState was accepted by a pipeline stage";
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(e.agreed());
+      EXPECT_NE(std::string(e.what()).find("holds layers [0, 4)"), std::string::npos) << e.what();
     }
   }
 }

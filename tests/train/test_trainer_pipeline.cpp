@@ -20,18 +20,8 @@
 namespace locus::train::test {
 namespace {
 
-class PipelineTrainer : public ::testing::Test {
+class PipelineTrainer : public CheckpointSuite {
  protected:
-  static void SetUpTestSuite() {
-    use_memory_tmpdir();
-    data_ = new Data(world());
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  static Data& data() { return *data_; }
-
   // 4 layers (up to 4 stages), 2 epochs of 15 steps, evaluation at each epoch's end.
   static TrainOptions options(int stages, int micro, PipelineSchedule schedule) {
     TrainOptions o = small_options(data());
@@ -53,25 +43,24 @@ class PipelineTrainer : public ::testing::Test {
     o.clip_max_norm = 0;
     return o;
   }
-
- private:
-  static Data* data_;
 };
-Data* PipelineTrainer::data_ = nullptr;
 
 struct PpRun {
   Outcome out;
   Recorder rec;
   TrainSummary summary;
+  bool replicas_agree = false;  // every stage's data-parallel replicas hold the same bits
 };
 
-// A fresh trainer on comm with o's grid; the state after train() (synced on every rank).
+// A fresh trainer on comm with o's grid; the state after train() (the stages' layers gathered
+// on every rank).
 PpRun train_on(const mpi::Comm& comm, const TrainOptions& o) {
   const Grid grid(comm, o.pipeline_stages);
   Trainer t(grid, o);
   PpRun r;
   r.summary = t.train(&r.rec);
-  add_state(r.out, t.state());
+  r.replicas_agree = same_on_all_ranks(grid.dp(), t.state().model.params());
+  add_state(r.out, t);
   r.out.steps = r.rec.steps;
   return r;
 }
@@ -101,7 +90,7 @@ void expect_matches_single_rank(const TrainOptions& o) {
   SCOPED_TRACE(describe(o));
   const PpRun pp = train_on(world(), o);
   const PpRun one = train_on(mpi::Comm::borrow(MPI_COMM_SELF), single(o));
-  EXPECT_TRUE(same_on_all_ranks(world(), pp.out.params)) << "ranks disagree after sync";
+  EXPECT_TRUE(pp.replicas_agree) << "a stage's data-parallel replicas disagree";
   expect_close(pp.out.params, one.out.params, "parameters");
   const Mlp init(o.model);
   double moved = 0;
@@ -186,7 +175,7 @@ Outcome interrupted(const TrainOptions& first, const TrainOptions& second, std::
   EXPECT_TRUE(s.finished);
   EXPECT_EQ(s.steps, t.planned_steps() - stop);
   out.steps.insert(out.steps.end(), rec.steps.begin(), rec.steps.end());
-  add_state(out, t.state());
+  add_state(out, t);
   return out;
 }
 
@@ -204,6 +193,7 @@ TEST_F(PipelineTrainer, ResumeOnTheSameGridIsBitwise) {
 
 // A checkpoint holds global tensors: pp = 2 -> pp = 1 (all ranks data-parallel) and back
 // continue the run; the result differs from the uninterrupted run only by float rounding.
+// (Other grids: test_pipeline_state.cpp.)
 TEST_F(PipelineTrainer, ResumeOnAnotherGridContinues) {
   const TrainOptions pp = options(2, 3, PipelineSchedule::one_f_one_b);
   const TrainOptions dp = single(pp);
@@ -267,7 +257,7 @@ TEST_F(PipelineTrainer, PreemptionSignalCheckpointsAndResumesBitwise) {
   Recorder rec;
   t.train(&rec, -1, &c);
   got.steps.insert(got.steps.end(), rec.steps.begin(), rec.steps.end());
-  add_state(got, t.state());
+  add_state(got, t);
   expect_bitwise(got, want.out, "signalled at step 7");
 }
 

@@ -39,6 +39,7 @@ void backward(const Mlp& model, Workspace& ws, std::span<float> grads,
               const GradsReadyFn& on_grads_ready) {
   const ParamLayout& layout = model.layout();
   LOCUS_ASSERT(ws.mode() == Mode::training, "backward() needs a training workspace");
+  LOCUS_ASSERT(model.whole(), "backward() needs a whole model, not a pipeline stage's layers");
   LOCUS_ASSERT(std::ranges::equal(WorkspaceAccess::widths(ws), model.spec().widths),
                "the workspace was built for a model with different widths");
   LOCUS_ASSERT(grads.size() == layout.size(),

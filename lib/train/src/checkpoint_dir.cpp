@@ -1,7 +1,8 @@
-// The checkpoint directory: file names, listing, the `latest` pointer (atomic replace), the
-// commit of one checkpoint (temporary name, fsync, rename, directory fsync, pointer) and
-// retention.
+// The checkpoint directory: its ownership lock, file names, listing, the `latest` pointer
+// (atomic replace), the commit of one checkpoint (temporary name, fsync, rename, directory
+// fsync, pointer) and retention.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -10,12 +11,16 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "checkpoint_detail.hpp"
 #include "locus/comm/agree.hpp"
@@ -83,6 +88,99 @@ std::vector<std::string> prune(const std::string& dir, const std::string& newest
     if (std::regex_match(name, temp) && ::unlink(d.path().c_str()) == 0) removed.push_back(name);
   }
   return removed;
+}
+
+// ---- The lock (<dir>/.lock) ----
+
+constexpr const char* kLockName = ".lock";
+
+std::string slurm_job() {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  return job != nullptr ? job : "";
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm {};
+  ::gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+// The holder record: "key value" lines under a comment saying what the file is.
+std::string holder_record(const std::string& run_id, const std::string& since) {
+  const std::string job = slurm_job();
+  return fmt::format("# locus checkpoint directory lock: while a training job uses this directory "
+                     "its rank 0 holds an\n# exclusive flock(2) on this file; the lines name "
+                     "the holder (or the last one)\nhost {}\npid {}\nslurm_job {}\nrun {}\n"
+                     "since {}\n", mpi::hostname(), static_cast<long>(::getpid()),
+                     job.empty() ? "-" : job, run_id, since);
+}
+
+// Best effort: the record is for people and for the message of a refused job; the lock
+// itself is the flock. Overwritten in place, then cut to length, so a reader never finds it
+// empty while it is rewritten.
+void write_record(int fd, const std::string& text) {
+  const auto n = static_cast<ssize_t>(text.size());
+  if (::pwrite(fd, text.data(), text.size(), 0) == n && ::ftruncate(fd, n) != 0) {
+    return;  // a longer record's tail is left: readers take the first value of each key
+  }
+}
+
+std::map<std::string, std::string> read_record(int fd) {
+  std::string text(4096, '\0');
+  const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+  text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  std::map<std::string, std::string> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto space = line.find(' ');
+    if (space != std::string::npos) out.emplace(line.substr(0, space), line.substr(space + 1));
+  }
+  return out;
+}
+
+std::string describe(const std::map<std::string, std::string>& r) {
+  if (!r.contains("pid")) return "";
+  const auto get = [&](const char* key) { return r.contains(key) ? r.at(key) : "?"; };
+  const std::string job = get("slurm_job");
+  return fmt::format("host {}, pid {}{}, run {}, since {}", get("host"), get("pid"),
+                     job == "-" || job == "?" ? "" : ", Slurm job " + job, get("run"),
+                     get("since"));
+}
+
+// The holder's record; a holder that has only just taken the lock may not have written it
+// yet, so an empty one is read again for up to a second.
+std::map<std::string, std::string> holder_of(int fd) {
+  auto r = read_record(fd);
+  for (int i = 0; i < 20 && !r.contains("pid"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    r = read_record(fd);
+  }
+  return r;
+}
+
+[[noreturn]] void refuse(const std::string& dir, const std::map<std::string, std::string>& r,
+                         double waited_s) {
+  const std::string holder = describe(r);
+  const std::string job = r.contains("slurm_job") ? r.at("slurm_job") : "-";
+  const std::string who =
+      job != "-" ? "Slurm job " + job
+                 : (r.contains("pid") ? fmt::format("process {} on {}", r.at("pid"),
+                                                    r.contains("host") ? r.at("host") : "?")
+                                      : "that job");
+  throw ConfigError(fmt::format(
+      "checkpoint.dir '{}' is in use by another training job ({}){}: two jobs in one checkpoint "
+      "directory would delete each other's checkpoints. Set checkpoint.dir to another "
+      "directory, or wait until {} ends and rerun (its lock on {} goes with its process, even "
+      "if it is killed; --resume=auto then continues from its checkpoints)",
+      dir, holder.empty() ? "holder not recorded" : holder,
+      waited_s > 0 ? fmt::format(", an earlier instance of this Slurm job that did not end "
+                                 "within {:g} s", waited_s)
+                   : "",
+      who, (fs::path(dir) / kLockName).string()));
 }
 
 }  // namespace
@@ -189,6 +287,80 @@ SaveResult save_checkpoint(const mpi::Comm& comm, const std::string& dir,
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+CheckpointDirLock CheckpointDirLock::acquire(const mpi::Comm& comm, const std::string& dir,
+                                             const std::string& run_id, double same_job_wait_s,
+                                             const std::function<void(const std::string&)>& say) {
+  CheckpointDirLock lock;
+  mpi::agree_on(comm, [&] {
+    if (!comm.is_root()) return;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) {
+      throw IoError(fmt::format("cannot create checkpoint.dir '{}': {}; choose another "
+                                "directory or fix the permissions", dir, ec.message()));
+    }
+    const std::string path = join_path(dir, kLockName);
+    // Created once and never removed: unlinking it would let a job lock a new file while
+    // another still holds the old one. Only read access is needed to lock it.
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 && (errno == EACCES || errno == EROFS)) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      throw IoError(fmt::format("cannot open the lock file '{}' of checkpoint.dir '{}': {}; "
+                                "fix the permissions or choose another checkpoint.dir",
+                                path, dir, std::strerror(errno)));
+    }
+    io::Fd file(fd);
+    const auto t0 = std::chrono::steady_clock::now();
+    bool told = false;
+    for (;;) {
+      if (::flock(file.get(), LOCK_EX | LOCK_NB) == 0) break;
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL) {
+        lock.warning_ = fmt::format(
+            "warning: checkpoint.dir '{}' cannot be locked ({}: the file system does not "
+            "support flock, e.g. Lustre mounted without -o flock); it is used unlocked, so make "
+            "sure no other job uses it", dir, std::strerror(err));
+        return;
+      }
+      if (err != EWOULDBLOCK) {
+        throw IoError(fmt::format("cannot lock '{}': {}; choose another checkpoint.dir", path,
+                                  std::strerror(err)));
+      }
+      const auto holder = holder_of(file.get());
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const bool same_job = !slurm_job().empty() && holder.contains("slurm_job") &&
+                            holder.at("slurm_job") == slurm_job();
+      if (!same_job || waited >= same_job_wait_s) refuse(dir, holder, same_job ? waited : 0);
+      if (!told && say) {
+        say(fmt::format("checkpoint.dir {} is held by an earlier instance of this Slurm job "
+                        "({}): waiting up to {:g} s for it to end", dir, describe(holder),
+                        same_job_wait_s));
+      }
+      told = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    lock.run_id_ = run_id;
+    lock.since_ = utc_now();
+    write_record(file.get(), holder_record(run_id, lock.since_));
+    lock.fd_ = std::move(file);
+  });
+  return lock;
+}
+
+void CheckpointDirLock::set_run(const std::string& run_id) {
+  if (!fd_ || run_id == run_id_) return;
+  run_id_ = run_id;
+  write_record(fd_.get(), holder_record(run_id_, since_));
+}
+
+std::string read_lock_holder(const std::string& dir) {
+  const int fd = ::open(join_path(dir, kLockName).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  io::Fd file(fd);
+  return describe(read_record(file.get()));
 }
 
 }  // namespace locus::train

@@ -1,5 +1,6 @@
-// Checkpoint files: the collective write (each rank its rows of every tensor, CRC-32s combined
-// across ranks), and the verifying readers (verify, load) with the same row partition.
+// Checkpoint files: the collective write (each tensor by the ranks holding its layer, its rows
+// split over them, CRC-32s combined across ranks), and the verifying readers (verify, load)
+// with the same row partition.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -16,6 +17,7 @@
 #include <utility>
 
 #include "checkpoint_detail.hpp"
+#include "layer_owners.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
 #include "locus/config.hpp"
@@ -33,16 +35,19 @@ using Clock = std::chrono::steady_clock;
 
 std::size_t row_width(const TensorInfo& t) { return t.shape.size() == 2 ? t.shape[1] : 1; }
 
-// This rank's rows of a tensor, as element offsets into a layout-sized buffer.
+// This rank's rows of a tensor, as element offsets into the buffer of its held layers.
 struct Share {
   std::size_t begin = 0;  // element offset of the first row of the share in the buffer
   std::size_t count = 0;  // elements
   std::uint64_t first_row = 0;
 };
-Share share_of(const TensorInfo& t, const mpi::Comm& comm) {
-  const h5::RowRange r = h5::partition_rows(t.shape[0], comm.rank(), comm.size());
+// `base`: the layout offset of the buffer's first element (Mlp::offset()). A rank that does not
+// hold the tensor's layer gets an empty share.
+Share share_of(const TensorInfo& t, const detail::LayerOwners& owners, std::size_t base) {
+  const h5::RowRange r = owners.rows(t.layer, t.shape[0]);
+  if (r.count == 0) return {};
   const std::size_t w = row_width(t);
-  return {t.offset + r.begin * w, r.count * w, r.begin};
+  return {t.offset - base + r.begin * w, r.count * w, r.begin};
 }
 
 
@@ -63,7 +68,7 @@ std::vector<std::string> split_names(const std::string& s) {
   return out;
 }
 
-// The buffer (layout-sized) a slot lives in.
+// The buffer (the held layers') a slot lives in.
 std::span<const float> buffer_of(const CheckpointData& d, const detail::TensorSlot& s) {
   return s.state < 0 ? d.model->params()
                      : d.optimizer_state[static_cast<std::size_t>(s.state)].data;
@@ -144,33 +149,47 @@ h5::Id create_tensor(hid_t file, const std::string& path, const TensorInfo& t) {
                                           H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)));
 }
 
-// Local (independent I/O): this rank's rows of a tensor dataset, in pieces of about 8 MiB
-// (MPI-IO counts are ints; small pieces copy from cache-warm source). A rank writes or reads its own byte range; nothing is exchanged
-// between ranks, unlike a collective two-phase transfer that routes the bytes through
-// aggregator ranks (measured in bench/RESULTS.md, "Checkpoints").
+// Local (independent I/O): this rank's rows of a tensor dataset. A rank writes or reads its own
+// byte range; nothing is exchanged between ranks, unlike a collective two-phase transfer that
+// routes the bytes through aggregator ranks. The rows of a contiguous dataset are moved as raw
+// bytes by io::RawFile (pwrite/pread in 1 MiB pieces, write-back started as it goes), not
+// through HDF5 and MPI-IO (measured in bench/RESULTS.md, "Checkpoints").
 // Returns the CRC-32 of the bytes moved, computed piece by piece while they are in cache.
 std::uint32_t rows_io(hid_t ds, const TensorInfo& t, const Share& mine, float* data, bool write) {
+  if (mine.count == 0) return 0;  // the CRC-32 of nothing; a rank not holding this tensor
   const std::uint64_t width = row_width(t);
+  const std::uint64_t row_bytes = width * sizeof(float);
+  const std::span<std::byte> bytes = std::as_writable_bytes(std::span<float>(data, mine.count));
+  if (const std::optional<std::uint64_t> at = h5::raw_offset(ds, H5T_NATIVE_FLOAT)) {
+    io::RawFile f = io::RawFile::open(h5::file_name(ds), write ? io::RawFile::Mode::write
+                                                               : io::RawFile::Mode::read);
+    const std::uint64_t offset = *at + mine.first_row * row_bytes;
+    const std::uint32_t crc = write ? f.write_at(offset, bytes) : f.read_at(offset, bytes);
+    f.close();  // on a file system shared between nodes: this rank's bytes made durable
+    return crc;
+  }
+  // Another layout (e.g. a checkpoint rewritten by h5repack): through HDF5, in pieces below
+  // 2 MiB for the same reason as io::RawFile::kPieceBytes.
   const std::uint64_t rows = mine.count / width;
-  const std::uint64_t piece = std::max<std::uint64_t>(1, (8u << 20) / (4 * width));
+  const std::uint64_t piece = std::max<std::uint64_t>(1, io::RawFile::kPieceBytes / row_bytes);
   h5::Id fs(LOCUS_H5_CHECK(H5Dget_space(ds)));
   const int rank = static_cast<int>(t.shape.size());
-  uLong crc = ::crc32_z(0L, Z_NULL, 0);
+  std::uint32_t crc = 0;
   for (std::uint64_t r0 = 0; r0 < rows; r0 += piece) {
     const std::uint64_t n = std::min(piece, rows - r0);
     const hsize_t start[2] = {mine.first_row + r0, 0};
     const hsize_t count[2] = {n, width};
     LOCUS_H5_CHECK(H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
     h5::Id ms(LOCUS_H5_CHECK(H5Screate_simple(rank, count, nullptr)));
-    float* at = data + r0 * width;
+    float* p = data + r0 * width;
     if (write) {
-      LOCUS_H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms.get(), fs.get(), H5P_DEFAULT, at));
+      LOCUS_H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, ms.get(), fs.get(), H5P_DEFAULT, p));
     } else {
-      LOCUS_H5_CHECK(H5Dread(ds, H5T_NATIVE_FLOAT, ms.get(), fs.get(), H5P_DEFAULT, at));
+      LOCUS_H5_CHECK(H5Dread(ds, H5T_NATIVE_FLOAT, ms.get(), fs.get(), H5P_DEFAULT, p));
     }
-    crc = ::crc32_z(crc, reinterpret_cast<const Bytef*>(at), n * width * sizeof(float));
+    crc = io::crc32_bytes(bytes.subspan(r0 * width * sizeof(float), n * row_bytes), crc);
   }
-  return static_cast<std::uint32_t>(crc);
+  return crc;
 }
 
 // Collective: the /model attributes of docs/FORMATS.md, "Model files" (what write_model
@@ -198,6 +217,7 @@ void write_model_attributes(hid_t g, const Mlp& model, const CheckpointMeta& m) 
 
 }  // namespace
 
+// Copies the held layers only: a stage's snapshot is its share, like its live state.
 Snapshot::Snapshot(const TrainState& state, CheckpointMeta meta)
     : model_(state.model), meta_(std::move(meta)) {
   for (const auto& s : std::as_const(*state.optimizer).state()) {
@@ -225,8 +245,15 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
   const Mlp& model = *data.model;
   const CheckpointMeta& meta = data.meta;
   std::vector<std::string> names;
-  for (const auto& s : data.optimizer_state) names.push_back(s.name);
+  for (const auto& s : data.optimizer_state) {
+    LOCUS_ASSERT(s.data.size() == model.params().size(),
+                 fmt::format("optimizer state '{}' holds {} floats for {} parameters", s.name,
+                             s.data.size(), model.params().size()));
+    names.push_back(s.name);
+  }
   const std::vector<detail::TensorSlot> slots = detail::tensor_slots(model.layout(), names);
+  // Each tensor is written by the ranks holding its layer (a pipeline stage's replicas).
+  const detail::LayerOwners owners(comm, model.held(), model.num_layers());
   std::optional<h5::File> file;
   auto locked = [&](const char* phase, auto&& fn) {
     std::lock_guard lock(hdf5_mutex());
@@ -239,7 +266,7 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
   try {
     mpi::agree_on(comm, [&] {
       if (!comm.is_root()) return;
-      const std::uint64_t tensors = model.params().size_bytes() * (1 + names.size());
+      const std::uint64_t tensors = model.layout().size() * sizeof(float) * (1 + names.size());
       preflight(path, tensors + (64u << 10) + 4096 * slots.size() + 2 * meta.config.size());
     });
     locked("create", [&] { file.emplace(h5::File::create(comm, path)); });
@@ -253,10 +280,12 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
       }
     });
     // Independent writes, one tensor per lock hold; the verdict is agreed once at the end.
+    // Every rank calls rows_io for every tensor, with an empty share where it does not hold
+    // the tensor (its CRC piece is then empty too).
     std::string failure;
     std::vector<std::pair<std::uint32_t, std::uint64_t>> local(slots.size());
     auto write_slot = [&](std::size_t i) {
-      const Share mine = share_of(slots[i].tensor, comm);
+      const Share mine = share_of(slots[i].tensor, owners, model.offset());
       std::lock_guard lock(hdf5_mutex());
       try {
         local[i] = {rows_io(datasets[i].get(), slots[i].tensor, mine,
@@ -310,9 +339,11 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
 
 namespace {
 
-// Reads every tensor of an open checkpoint (each rank its share), fills `checks` with the
-// stored and computed digests; with `into`, the shares land in its buffers and, when every
-// digest matches, are all-gathered so every rank holds the whole state. Collective.
+// Reads every tensor of an open checkpoint, fills `checks` with the stored and computed digests
+// of every tensor (the same on every rank). Without `into`, every rank reads its share of every
+// tensor. With `into`, only the ranks holding a tensor's layer (into->model.held()) read it,
+// each its share, which lands in its buffers; when every digest matches, the shares are
+// all-gathered among those ranks, so each holds its layers whole. Collective.
 void read_tensors(h5::File& file, const CheckpointMeta& m, TrainState* into,
                   std::vector<TensorCheck>& checks) {
   const mpi::Comm& comm = file.comm();
@@ -339,16 +370,19 @@ void read_tensors(h5::File& file, const CheckpointMeta& m, TrainState* into,
   const std::vector<detail::TensorSlot> slots = detail::tensor_slots(layout, names);
   std::vector<NamedSpan<float>> state_bufs;
   if (into != nullptr) state_bufs = into->optimizer->state();
+  const detail::LayerOwners owners(comm, into ? into->model.held() : layout.all_layers(),
+                                   layout.num_layers());
+  const std::size_t base = into ? into->model.offset() : 0;
   std::vector<std::pair<std::uint32_t, std::uint64_t>> local;
   std::vector<std::uint32_t> stored;
   std::vector<float> scratch;
   for (const detail::TensorSlot& s : slots) {
-    const Share mine = share_of(s.tensor, comm);
+    const Share mine = share_of(s.tensor, owners, base);
     std::span<float> dst;
     if (into != nullptr) {
       std::span<float> buf = s.state < 0 ? into->model.params()
                                          : state_bufs[static_cast<std::size_t>(s.state)].data;
-      dst = buf.subspan(mine.begin, mine.count);
+      dst = buf.subspan(mine.begin, mine.count);  // empty where the layer is not held
     } else {
       scratch.resize(mine.count);
       dst = scratch;
@@ -377,21 +411,26 @@ void read_tensors(h5::File& file, const CheckpointMeta& m, TrainState* into,
   for (const TensorCheck& c : checks) {
     if (!c.ok()) return;
   }
+  // The ranks holding this rank's layers, in rank order: their shares are the rows in order.
+  const mpi::Comm group = owners.group(comm);
+  if (group.size() == 1) return;
   for (const detail::TensorSlot& s : slots) {
+    if (!into->model.held().contains(s.tensor.layer)) continue;
     std::span<float> buf = s.state < 0 ? into->model.params()
                                        : state_bufs[static_cast<std::size_t>(s.state)].data;
     const std::size_t w = row_width(s.tensor);
-    std::vector<int> counts(static_cast<std::size_t>(comm.size())), displs(counts.size());
-    for (int r = 0; r < comm.size(); ++r) {
-      const h5::RowRange rr = h5::partition_rows(s.tensor.shape[0], r, comm.size());
+    std::vector<int> counts(static_cast<std::size_t>(group.size())), displs(counts.size());
+    for (int r = 0; r < group.size(); ++r) {
+      const h5::RowRange rr = h5::partition_rows(s.tensor.shape[0], r, group.size());
       counts[static_cast<std::size_t>(r)] = static_cast<int>(rr.count);
       displs[static_cast<std::size_t>(r)] = static_cast<int>(rr.begin);
     }
     MPI_Datatype row = MPI_DATATYPE_NULL;
     LOCUS_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(w), MPI_FLOAT, &row));
     LOCUS_MPI_CHECK(MPI_Type_commit(&row));
-    const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data() + s.tensor.offset,
-                                  counts.data(), displs.data(), row, comm.get());
+    const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL,
+                                  buf.data() + (s.tensor.offset - base), counts.data(),
+                                  displs.data(), row, group.get());
     MPI_Type_free(&row);
     LOCUS_MPI_CHECK(rc);
   }
@@ -502,7 +541,7 @@ TrainState load_checkpoint_state(const mpi::Comm& comm, const std::string& path,
 }
 
 void reset_state(TrainState& state) {
-  init_params(state.model.spec(), state.model.layout(), state.model.params());
+  init_params(state.model.spec(), state.model.layout(), state.model.held(), state.model.params());
   for (auto& s : state.optimizer->state()) std::ranges::fill(s.data, 0.0f);
   state.optimizer->set_steps(0);
   state.step = 0;

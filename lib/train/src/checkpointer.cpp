@@ -26,6 +26,11 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// How long a requeued Slurm job waits for its previous instance to release the directory: a
+// process gone from a node that crashed keeps its lock on NFS until the server's lease ends
+// (90 s by default in NFSv4).
+constexpr double kRequeueWaitSeconds = 120;
+
 }  // namespace
 
 std::string new_run_id(const mpi::Comm& comm) {
@@ -186,20 +191,16 @@ Checkpointer::Checkpointer(Trainer& trainer, CheckpointOptions options, std::str
                                    std::move(log))) {
   Impl& m = *impl_;
   mpi::agree_on(m.comm, [&] { validate(m.opts); });
+  m.run_id = new_run_id(m.comm);
+  // Before anything else touches the directory: one training job per checkpoint directory,
+  // for the Checkpointer's lifetime (the lock also creates the directory).
+  if (m.enabled()) {
+    lock_ = CheckpointDirLock::acquire(m.comm, m.opts.dir, m.run_id, kRequeueWaitSeconds,
+                                       [&m](const std::string& line) { m.say(line); });
+    if (!lock_.warning().empty()) m.say(lock_.warning());
+  }
   m.config_hash = detail::hex64(detail::fnv1a(m.config));
   m.dataset = dataset_identity(m.comm, trainer.options().data.path);
-  m.run_id = new_run_id(m.comm);
-  if (m.enabled()) {
-    mpi::agree_on(m.comm, [&] {
-      if (!m.comm.is_root()) return;
-      std::error_code ec;
-      std::filesystem::create_directories(m.opts.dir, ec);
-      if (ec) {
-        throw IoError(fmt::format("cannot create checkpoint.dir '{}': {}; choose another "
-                                  "directory or fix the permissions", m.opts.dir, ec.message()));
-      }
-    });
-  }
 }
 
 Checkpointer::~Checkpointer() {
@@ -210,6 +211,7 @@ bool Checkpointer::at_step_boundary(Trainer& trainer, const StepBoundary& b) {
   Impl& m = *impl_;
   LOCUS_ASSERT(&trainer == &m.trainer, "a Checkpointer serves the trainer it was built for");
   if (!m.enabled()) return false;
+  lock_.set_run(m.run_id);  // the run a resume adopted
   test_hook("ckpt-step-boundary");
   const bool agree = !m.opts.signals.empty() || m.opts.every_seconds > 0 || m.in_flight();
   const std::array<int, 3> f = agree ? m.agree_flags() : std::array<int, 3>{0, 0, 0};

@@ -59,6 +59,7 @@ std::span<float> Workspace::output_grad() {
 namespace {
 
 void check_call(const Mlp& model, std::span<const float> x, int batch, const Workspace& ws) {
+  LOCUS_ASSERT(model.whole(), "forward() needs a whole model, not a pipeline stage's layers");
   const std::span<const int> widths = WorkspaceAccess::widths(ws);
   LOCUS_ASSERT(std::ranges::equal(widths, model.spec().widths),
                "the workspace was built for a model with different widths");

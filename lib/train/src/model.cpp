@@ -131,26 +131,47 @@ const LayerLayout& ParamLayout::layer(int l) const {
 std::string ParamLayout::weight_name(int l) { return fmt::format("layers.{}.weight", l); }
 std::string ParamLayout::bias_name(int l) { return fmt::format("layers.{}.bias", l); }
 
+std::size_t ParamLayout::begin_of(LayerRange r) const {
+  LOCUS_ASSERT(r.first >= 0 && r.first < r.end && r.end <= num_layers(),
+               fmt::format("layers [{}, {}) of {}", r.first, r.end, num_layers()));
+  return layer(r.first).begin();
+}
+
+std::size_t ParamLayout::end_of(LayerRange r) const {
+  LOCUS_ASSERT(r.first >= 0 && r.first < r.end && r.end <= num_layers(),
+               fmt::format("layers [{}, {}) of {}", r.first, r.end, num_layers()));
+  return layer(r.end - 1).end();
+}
+
 std::vector<TensorInfo> ParamLayout::tensors() const {
   std::vector<TensorInfo> out;
   for (int l = 0; l < num_layers(); ++l) {
     const LayerLayout& ly = layer(l);
     const auto in = static_cast<std::size_t>(ly.in);
     const auto o = static_cast<std::size_t>(ly.out);
-    out.push_back({weight_name(l), ly.weight_offset, {o, in}});
-    out.push_back({bias_name(l), ly.bias_offset, {o}});
+    out.push_back({weight_name(l), ly.weight_offset, {o, in}, l});
+    out.push_back({bias_name(l), ly.bias_offset, {o}, l});
   }
   return out;
 }
 
 void init_params(const ModelSpec& spec, const ParamLayout& layout, std::span<float> params) {
-  LOCUS_ASSERT(params.size() == layout.size(), "params must have the layout's size");
+  init_params(spec, layout, layout.all_layers(), params);
+}
+
+void init_params(const ModelSpec& spec, const ParamLayout& layout, LayerRange held,
+                 std::span<float> params) {
+  const std::size_t begin = layout.begin_of(held);
+  LOCUS_ASSERT(params.size() == layout.end_of(held) - begin,
+               fmt::format("params hold {} floats, layers [{}, {}) have {}", params.size(),
+                           held.first, held.end, layout.end_of(held) - begin));
   const std::uint64_t seed_key = detail::mix64(spec.seed ^ detail::kInitDomain);
-  for (int l = 0; l < layout.num_layers(); ++l) {
+  for (int l = held.first; l < held.end; ++l) {
     const LayerLayout& ly = layout.layer(l);
     const std::uint64_t layer_key =
         detail::mix64(seed_key + static_cast<std::uint64_t>(l) * detail::kGolden);
-    std::span<float> w = layout.weight(params, l);
+    std::span<float> w = params.subspan(ly.weight_offset - begin,
+                                        static_cast<std::size_t>(ly.out) * ly.in);
     const double fan_in = ly.in;
     const double fan_out = ly.out;
     for (std::size_t i = 0; i < w.size(); ++i) {
@@ -168,7 +189,9 @@ void init_params(const ModelSpec& spec, const ParamLayout& layout, std::span<flo
       }
       w[i] = static_cast<float>(value);
     }
-    for (float& b : layout.bias(params, l)) b = 0.0f;
+    for (float& b : params.subspan(ly.bias_offset - begin, static_cast<std::size_t>(ly.out))) {
+      b = 0.0f;
+    }
   }
 }
 
@@ -180,8 +203,22 @@ ModelSpec validated(ModelSpec spec) {
 }  // namespace
 
 Mlp::Mlp(ModelSpec spec) : spec_(validated(std::move(spec))), layout_(spec_.widths) {
+  held_ = layout_.all_layers();
   params_.assign(layout_.size(), 0.0f);
-  init_params(spec_, layout_, params_);
+  init_params(spec_, layout_, held_, params_);
+}
+
+Mlp::Mlp(ModelSpec spec, LayerRange held)
+    : spec_(validated(std::move(spec))), layout_(spec_.widths), held_(held) {
+  if (held.first < 0 || held.first >= held.end || held.end > layout_.num_layers()) {
+    throw ConfigError(fmt::format("a model of {} layers (widths {}) has no layers [{}, {}): "
+                                  "give a non-empty range inside [0, {})",
+                                  layout_.num_layers(), format_widths(spec_.widths), held.first,
+                                  held.end, layout_.num_layers()));
+  }
+  offset_ = layout_.begin_of(held_);
+  params_.assign(layout_.end_of(held_) - offset_, 0.0f);
+  init_params(spec_, layout_, held_, params_);
 }
 
 }  // namespace locus::train

@@ -1,5 +1,6 @@
-// Model files: tensors in state_dict order written row-shared by every rank, attributes for the
-// spec and provenance, and a validating reader for model files, checkpoints and h5py files.
+// Model files: tensors in state_dict order, each written by the ranks holding its layer (every
+// rank, or a pipeline stage's replicas) row-shared among them, attributes for the spec and
+// provenance, and a validating reader for model files, checkpoints and h5py files.
 #include "locus/train/model_file.hpp"
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "layer_owners.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/config.hpp"
 #include "locus/io/attribute.hpp"
@@ -256,14 +258,20 @@ void write_model(h5::File& file, const std::string& group, const Mlp& model,
   }
   const std::string prefix = prefix_of(group);
   const std::span<const float> params = model.params();
+  // No rank holds the whole model on the pipeline path: each tensor comes from the ranks
+  // holding its layer, split in rows over them; the others join the collective transfer with
+  // no rows.
+  const detail::LayerOwners owners(comm, model.held(), model.num_layers());
   for (const TensorInfo& t : model.layout().tensors()) {
     const std::size_t width = t.shape.size() == 2 ? t.shape[1] : 1;
     h5::Dataset ds = h5::Dataset::create(
         file, {.name = prefix + t.name, .dtype = h5::Dtype::f32, .rows = t.shape[0],
                .cols = t.shape.size() == 2 ? t.shape[1] : 0});
-    const h5::RowRange mine = h5::partition_rows(t.shape[0], comm.rank(), comm.size());
-    ds.write_rows<float>(mine.begin,
-                         params.subspan(t.offset + mine.begin * width, mine.count * width));
+    const h5::RowRange mine = owners.rows(t.layer, t.shape[0]);
+    ds.write_rows<float>(mine.begin, mine.count == 0 ? params.first(0)
+                                                     : params.subspan(t.offset - model.offset() +
+                                                                          mine.begin * width,
+                                                                      mine.count * width));
   }
   write_attributes(where, model, info);
 }

@@ -1,6 +1,6 @@
-// The pipeline as the trainer's compute backend: a PipelineStage over the stage's slice of the
-// TrainState's buffers, the optimizer applied to that slice, and the gather of every stage's
-// slices when the state must be whole (checkpoints, model files, the end of training).
+// The pipeline as the trainer's compute backend: a PipelineStage over a TrainState that holds
+// only the stage's layers, a gradient buffer of the same size and the optimizer applied to it.
+// Nothing here is whole-model sized: checkpoints and model files are written by the stages.
 #include <fmt/format.h>
 
 #include <optional>
@@ -17,13 +17,22 @@ PipelineBatch pipeline_batch(const Batch& b) {
 }
 
 // Collective over grid.world(): this rank's stage, or the same ConfigError, agreed, on every
-// rank (before the first collective that depends on it).
-StageRange agreed_range(const Grid& grid, const ModelSpec& spec, const PipelineOptions& o) {
+// rank (before the first collective that depends on it). The state must hold exactly the
+// stage's layers: a whole state would keep the full model on every rank.
+StageRange agreed_range(const Grid& grid, const Mlp& model, const PipelineOptions& o) {
   std::optional<StageRange> r;
   mpi::agree_on(grid.world(), [&] {
     validate(o);
-    r = StagePartition(ParamLayout(spec.widths), grid.pipeline_stages(), o.stage_boundaries)
+    r = StagePartition(model.layout(), grid.pipeline_stages(), o.stage_boundaries)
             .stage(grid.stage());
+    if (model.held() != r->held()) {
+      throw ConfigError(fmt::format(
+          "the training state of stage {} holds layers [{}, {}) but the stage trains layers "
+          "[{}, {}): build it as TrainState(spec, optimizer, StagePartition(...).stage({})."
+          "held())",
+          grid.stage(), model.held().first, model.held().end, r->first_layer, r->end_layer,
+          grid.stage()));
+    }
   });
   return *r;
 }
@@ -33,13 +42,10 @@ StageRange agreed_range(const Grid& grid, const ModelSpec& spec, const PipelineO
 PipelineCompute::PipelineCompute(const Grid& grid, TrainState& state, Loss loss,
                                  const PipelineOptions& options)
     : state_(state),
-      range_(agreed_range(grid, state.model.spec(), options)),
-      pp_(grid.pp().dup()),
-      grads_(state.model.layout().size(), 0.0f) {
-  stage_ = std::make_unique<PipelineStage>(
-      grid, state.model.spec(), loss, options,
-      StageBuffers{state.model.params().subspan(range_.begin, range_.size()),
-                   std::span<float>(grads_).subspan(range_.begin, range_.size())});
+      range_(agreed_range(grid, state.model, options)),
+      grads_(range_.size(), 0.0f) {
+  stage_ = std::make_unique<PipelineStage>(grid, state.model.spec(), loss, options,
+                                           StageBuffers{state.model.params(), grads_});
 }
 
 PipelineCompute::~PipelineCompute() = default;
@@ -52,23 +58,11 @@ LossStats PipelineCompute::forward_backward(const Batch& batch, std::uint64_t st
 double PipelineCompute::grad_norm() { return stage_->grad_norm(); }
 
 void PipelineCompute::optimizer_step(double lr, float grad_scale) {
-  state_.optimizer->update(state_.model.params(), grads_, lr, grad_scale, range_.begin,
-                           range_.end);
-  state_.optimizer->finish_step();
+  state_.optimizer->step(state_.model.params(), grads_, lr, grad_scale);
 }
 
 LossStats PipelineCompute::evaluate(const Batch& batch) {
   return stage_->evaluate(pipeline_batch(batch));
-}
-
-void PipelineCompute::sync_to_host() {
-  // Stage s owns [begin, end) of every buffer; each broadcasts its slices to its pipeline.
-  std::vector<std::span<float>> buffers{state_.model.params()};
-  for (auto& s : state_.optimizer->state()) buffers.push_back(s.data);
-  for (int s = 0; s < stage_->stages(); ++s) {
-    const StageRange& r = stage_->partition().stage(s);
-    for (const std::span<float> b : buffers) pp_.bcast(b.subspan(r.begin, r.size()), s);
-  }
 }
 
 }  // namespace locus::train

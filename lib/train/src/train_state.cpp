@@ -11,7 +11,11 @@
 namespace locus::train {
 
 TrainState::TrainState(const ModelSpec& spec, const OptimizerOptions& optimizer_options)
-    : model(spec), optimizer(make_optimizer(optimizer_options, model.layout().size())) {}
+    : model(spec), optimizer(make_optimizer(optimizer_options, model.params().size())) {}
+
+TrainState::TrainState(const ModelSpec& spec, const OptimizerOptions& optimizer_options,
+                       LayerRange held)
+    : model(spec, held), optimizer(make_optimizer(optimizer_options, model.params().size())) {}
 
 void TrainState::check() const {
   if (step < 0 || epoch < 0 || step_in_epoch < 0) {
@@ -28,6 +32,7 @@ void TrainState::check() const {
 
 void TrainState::assign(const TrainState& other) {
   LOCUS_ASSERT(model.spec().widths == other.model.spec().widths &&
+                   model.held() == other.model.held() &&
                    optimizer->options().kind == other.optimizer->options().kind,
                "TrainState::assign between different models or optimizers");
   std::ranges::copy(other.model.params(), model.params().begin());

@@ -83,6 +83,14 @@ void check_fit(const TrainOptions& o, const Loader& loader, std::int64_t classes
 
 namespace {
 
+// The layers this rank trains (options already checked): its stage's with pipeline stages,
+// so its parameters and optimizer state are the stage's share; all of them otherwise.
+LayerRange held_layers(const Grid& g, const TrainOptions& o) {
+  const ParamLayout layout(o.model.widths);
+  if (g.pipeline_stages() == 1) return layout.all_layers();
+  return StagePartition(layout, g.pipeline_stages(), o.stage_boundaries).stage(g.stage()).held();
+}
+
 PipelineOptions pipeline_options(const TrainOptions& o) {
   PipelineOptions p;
   p.micro_batches = o.micro_batches;
@@ -138,7 +146,7 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
       pipelined(opts.pipeline_stages > 1 || opts.micro_batches > 1),
       feeds(!pipelined || g.stage() == 0),
       has_eval(!opts.eval_path.empty()),
-      state(opts.model, opts.optimizer) {
+      state(opts.model, opts.optimizer, held_layers(g, opts)) {
   // Loaders only where data enters (stage 0 of each replica); a loader's errors are agreed
   // over its dp communicator, so they are re-agreed over the world for the other stages.
   mpi::agree_on(g.world(), [&] {

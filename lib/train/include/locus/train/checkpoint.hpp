@@ -1,8 +1,9 @@
 // Checkpoints of a training run (docs/FORMATS.md, "Checkpoint files"): one HDF5 file per
 // checkpoint holding the parameters (/model, as a model file), the optimizer state by PyTorch
 // name (/optimizer/<state>/<tensor>), the counters, the data position in global samples and
-// the run's identity, with a CRC-32 per tensor. Files do not depend on the world size: every
-// tensor is global, each rank writes and reads its share of its rows.
+// the run's identity, with a CRC-32 per tensor. Files do not depend on the world size or the
+// grid: every tensor is global, written and read by the ranks that hold its layer (every rank,
+// or a pipeline stage's replicas), each its share of the rows.
 //
 // A checkpoint directory holds ckpt-<step>.h5 files committed atomically (temporary name,
 // fsync, rename, directory fsync) and a `latest` pointer naming the newest one and the run it
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/io/raw_io.hpp"
 #include "locus/train/loss.hpp"
 #include "locus/train/model.hpp"
 #include "locus/train/optimizer.hpp"
@@ -86,7 +88,8 @@ struct CheckpointMeta {
 std::string meta_text(const CheckpointMeta& m);
 
 // What a save writes: views of the parameters and optimizer state (the live TrainState for a
-// synchronous save, a Snapshot's copies for a background one) plus the metadata.
+// synchronous save, a Snapshot's copies for a background one) plus the metadata. With pipeline
+// stages the model and the state spans hold this rank's layers only (model->held()).
 struct CheckpointData {
   const Mlp* model = nullptr;
   std::vector<NamedSpan<const float>> optimizer_state;
@@ -94,12 +97,12 @@ struct CheckpointData {
 };
 
 // A host copy of a TrainState's tensors at a step boundary, for a background write while
-// training continues.
+// training continues: of the held layers only (a stage copies its share).
 class Snapshot {
  public:
   Snapshot(const TrainState& state, CheckpointMeta meta);
   CheckpointData data() const;
-  std::uint64_t bytes() const noexcept;
+  std::uint64_t bytes() const noexcept;  // this rank's copy
 
  private:
   Mlp model_;
@@ -115,10 +118,12 @@ struct WriteOptions {
 enum class WriteOutcome { written, abandoned };
 
 // Collective over comm: writes a checkpoint file at `path` (created or truncated; no
-// temporary name here, see CheckpointDir::save). Each rank writes its partition of every
-// tensor's rows (h5::partition_rows) and checksums it; the CRCs are combined in rank order
-// into each tensor's zlib CRC-32, identical at any world size. Holds hdf5_mutex() around its
-// HDF5 calls. A failed write is an agreed IoError naming the path; past the time budget it
+// temporary name here, see CheckpointDir::save). Each tensor is written by the ranks holding
+// its layer (data.model->held(): every rank, or a pipeline stage's replicas), each its balanced
+// share of the rows among them (h5::partition_rows), which it checksums; the CRCs are combined
+// in rank order into each tensor's zlib CRC-32, identical at any world size and grid. The
+// ranks' held ranges must cover every layer and be equal or disjoint. Holds hdf5_mutex() around
+// its HDF5 calls. A failed write is an agreed IoError naming the path; past the time budget it
 // returns `abandoned` (the file is left incomplete: delete it).
 WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& path,
                                    const CheckpointData& data, const WriteOptions& options = {});
@@ -151,20 +156,24 @@ CheckpointMeta read_checkpoint_meta(const mpi::Comm& comm, const std::string& pa
 VerifyReport verify_checkpoint(const mpi::Comm& comm, const std::string& path);
 
 // Collective over comm: reads `path` into `state` (parameters, optimizer state and steps,
-// counters), verifying every digest on the way. DataError (agreed) naming the file and the
-// tensor on a digest mismatch or a missing/misshapen tensor; ConfigError when the checkpoint's
-// model or optimizer differs from the state's. On a throw `state` may be partly overwritten
-// (see reset_state). Holds hdf5_mutex() around its HDF5 calls.
+// counters), verifying every digest on the way. Each rank reads only the tensors of its held
+// layers (state.model.held(): a pipeline stage's), split in rows over the ranks holding the
+// same layers and then gathered among them; every rank learns every tensor's verdict, so a
+// DataError (agreed) names the file and the tensor on a digest mismatch anywhere, or on a
+// missing/misshapen tensor; ConfigError when the checkpoint's model or optimizer differs from
+// the state's. On a throw `state` may be partly overwritten (see reset_state). Holds
+// hdf5_mutex() around its HDF5 calls.
 CheckpointMeta load_checkpoint(const mpi::Comm& comm, const std::string& path,
                                TrainState& state);
 
-// Collective over comm: a TrainState shaped as the checkpoint (its model and optimizer state
-// buffers), loaded and verified as load_checkpoint does; `meta` receives the metadata.
+// Collective over comm: a whole TrainState shaped as the checkpoint (its model and optimizer
+// state buffers), loaded and verified as load_checkpoint does; `meta` receives the metadata.
+// For tools (locus-ckpt): every rank holds every layer.
 TrainState load_checkpoint_state(const mpi::Comm& comm, const std::string& path,
                                  CheckpointMeta* meta = nullptr);
 
-// The state a fresh run starts from: parameters initialised from the spec's seed, optimizer
-// state zeroed, all counters 0.
+// The state a fresh run starts from: parameters (of the held layers) initialised from the
+// spec's seed, optimizer state zeroed, all counters 0.
 void reset_state(TrainState& state);
 
 // Local: the reasons a checkpoint cannot continue `trainer`'s run, as one message (empty when
@@ -229,6 +238,42 @@ SaveResult save_checkpoint(const mpi::Comm& comm, const std::string& dir,
                            const CheckpointData& data, const WriteOptions& write,
                            const RetentionOptions& retention);
 
+// Ownership of a checkpoint directory by one training job (docs/FORMATS.md, "The directory
+// and the commit"): rank 0 of the job holds an exclusive flock(2) on <dir>/.lock, whose text
+// names the holder (host, pid, Slurm job, run, start time). The kernel drops the lock when the
+// process ends in any way, SIGKILL included, so no stale lock outlives a job; the file stays.
+class CheckpointDirLock {
+ public:
+  CheckpointDirLock() = default;  // holds nothing
+
+  // Collective over comm: creates `dir` when missing; comm's rank 0 takes the lock and writes
+  // the holder record. A directory locked by another process is a ConfigError (agreed) naming
+  // the directory and the holder and saying what to do; nothing in the directory is changed.
+  // When the holder is an earlier instance of this Slurm job (the same SLURM_JOB_ID: requeued
+  // while its predecessor is still going away), rank 0 first waits up to same_job_wait_s for
+  // it, telling `say` (on rank 0) once. On a file system without locks (flock fails with
+  // ENOLCK, ENOSYS, EOPNOTSUPP) the directory is used unlocked and warning() says so. IoError
+  // (agreed) when `dir` or its lock file cannot be created.
+  static CheckpointDirLock acquire(const mpi::Comm& comm, const std::string& dir,
+                                   const std::string& run_id, double same_job_wait_s = 0,
+                                   const std::function<void(const std::string&)>& say = {});
+
+  bool held() const noexcept { return static_cast<bool>(fd_); }
+  const std::string& warning() const noexcept { return warning_; }
+  // Local: records another run id in the holder record (a resume adopts its checkpoint's
+  // run); a no-op unless this rank holds the lock and the id changed.
+  void set_run(const std::string& run_id);
+
+ private:
+  io::Fd fd_;
+  std::string run_id_;
+  std::string since_;
+  std::string warning_;
+};
+
+// Local, read-only: the holder record of <dir>/.lock as one line ("" when there is none).
+std::string read_lock_holder(const std::string& dir);
+
 // The checkpointing policy of a run (apps/locus-train's [checkpoint] section).
 struct CheckpointOptions {
   std::string dir;                   // "" : no checkpoints
@@ -289,6 +334,7 @@ class Checkpointer final : public StepHook {
 
  private:
   struct Impl;
+  CheckpointDirLock lock_;  // released last, after any background save has ended
   std::unique_ptr<Impl> impl_;
 };
 

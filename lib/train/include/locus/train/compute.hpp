@@ -24,8 +24,9 @@ class Compute {
 
   virtual std::string_view name() const noexcept = 0;
 
-  // The gradient buffer (ParamLayout::size() floats, where the backend computes): what the
-  // gradient reducer binds to. Valid for the backend's lifetime.
+  // The gradient buffer (as many floats as the state's model.params(): the whole layout, or a
+  // pipeline stage's layers, where the backend computes): what the gradient reducer binds to.
+  // Valid for the backend's lifetime.
   virtual std::span<float> grads() noexcept = 0;
 
   // forward + loss + backward of this rank's rows of one global batch into grads(), calling
@@ -45,7 +46,7 @@ class Compute {
   virtual LossStats evaluate(const Batch& batch) = 0;
 
   // Makes the TrainState's parameters and optimizer state current (for checkpoints and model
-  // files). The CPU backend works on them in place.
+  // files). The CPU backends work on them in place; a device backend copies them back.
   virtual void sync_to_host() {}
 };
 

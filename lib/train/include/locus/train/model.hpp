@@ -42,6 +42,16 @@ std::string_view to_string(Init i) noexcept;
 std::string format_widths(std::span<const int> widths);  // "784,256,128,10"
 void validate(const ModelSpec& spec);                 // throws ConfigError
 
+// The layers [first, end) of a model that a buffer holds: all of them, or one pipeline stage's
+// (a contiguous range, so its parameters are one contiguous slice of the layout).
+struct LayerRange {
+  int first = 0;
+  int end = 0;
+  int layers() const noexcept { return end - first; }
+  bool contains(int l) const noexcept { return l >= first && l < end; }
+  bool operator==(const LayerRange&) const = default;
+};
+
 // Where layer l (0-based, maps `in` features to `out`) lives in every buffer of the layout:
 // weight [out, in] row-major at weight_offset, then bias [out] at bias_offset.
 struct LayerLayout {
@@ -58,6 +68,7 @@ struct TensorInfo {
   std::string name;  // "layers.0.weight", "layers.0.bias", ...
   std::size_t offset = 0;
   std::vector<std::size_t> shape;
+  int layer = 0;  // the layer it belongs to
   std::size_t size() const noexcept;
 };
 
@@ -77,6 +88,11 @@ class ParamLayout {
   std::span<const int> widths() const noexcept { return widths_; }
   int input_width() const noexcept { return widths_.front(); }
   int output_width() const noexcept { return widths_.back(); }
+
+  LayerRange all_layers() const noexcept { return {0, num_layers()}; }
+  // Elements [begin_of(r), end_of(r)) of every buffer hold layers r (asserts a valid range).
+  std::size_t begin_of(LayerRange r) const;
+  std::size_t end_of(LayerRange r) const;
 
   std::vector<TensorInfo> tensors() const;  // state_dict order
   static std::string weight_name(int l);    // "layers.<l>.weight"
@@ -100,22 +116,39 @@ class ParamLayout {
 
 // Fills params (layout.size() floats) from spec.init and spec.seed; deterministic.
 void init_params(const ModelSpec& spec, const ParamLayout& layout, std::span<float> params);
+// The same values for layers `held` only: params holds elements [begin_of(held), end_of(held))
+// of the layout. Every value depends on (seed, layer, element) alone, so a stage's slice equals
+// that slice of the whole model's initialisation.
+void init_params(const ModelSpec& spec, const ParamLayout& layout, LayerRange held,
+                 std::span<float> params);
 
-// A model: its spec, layout and parameters (one contiguous buffer, initialised on
-// construction; overwrite params() to load a checkpoint).
+// A model: its spec, the whole model's layout and the parameters of the layers it holds (one
+// contiguous buffer, initialised on construction; overwrite params() to load a checkpoint).
+// A whole model holds every layer (what forward/backward need; read_model_file returns one); a
+// pipeline stage's holds only its layers, so a rank's memory is its stage's share while spec() and
+// layout() still describe the whole model (tensor names, shapes, offsets).
 class Mlp {
  public:
-  explicit Mlp(ModelSpec spec);  // validates the spec (ConfigError)
+  explicit Mlp(ModelSpec spec);  // every layer; validates the spec (ConfigError)
+  // Only layers `held` (ConfigError unless 0 <= first < end <= layers).
+  Mlp(ModelSpec spec, LayerRange held);
 
   const ModelSpec& spec() const noexcept { return spec_; }
-  const ParamLayout& layout() const noexcept { return layout_; }
-  int num_layers() const noexcept { return layout_.num_layers(); }
+  const ParamLayout& layout() const noexcept { return layout_; }  // the whole model's
+  int num_layers() const noexcept { return layout_.num_layers(); }  // the whole model's
+  LayerRange held() const noexcept { return held_; }
+  bool whole() const noexcept { return held_ == layout_.all_layers(); }
+  // Layout offset of params()[0]: layout element i is params()[i - offset()] (0 when whole).
+  std::size_t offset() const noexcept { return offset_; }
+  // The held layers' parameters, layout elements [offset(), offset() + params().size()).
   std::span<float> params() noexcept { return params_; }
   std::span<const float> params() const noexcept { return params_; }
 
  private:
   ModelSpec spec_;
   ParamLayout layout_;
+  LayerRange held_;
+  std::size_t offset_ = 0;
   std::vector<float> params_;
 };
 

@@ -31,13 +31,16 @@ struct ModelInfo {
 };
 
 // Collective over comm: writes `model` to `path` atomically (temporary name, rename).
-// Every rank passes the same (replicated) model and info.
+// Every rank passes the same info and its model: the whole model, or with pipeline stages the
+// layers it holds (Mlp::held(); together the ranks must hold every layer, see write_model).
 void write_model_file(const mpi::Comm& comm, const std::string& path, const Mlp& model,
                       const ModelInfo& info);
 // Collective over an open file's communicator: writes the model's tensors and attributes
 // under `group` ("/" for a model file, "/model" inside a checkpoint; created if missing).
-// Each rank writes its share of every tensor's rows (no rank funnels the data). info.spec is
-// ignored: the model's own spec is recorded.
+// Each tensor is written by the ranks holding its layer (every rank for whole models, a pipeline
+// stage's replicas otherwise), each its share of the rows: no rank funnels the data, and no
+// rank needs the whole model. Held ranges must cover every layer and be equal or disjoint.
+// info.spec is ignored: the model's own spec is recorded.
 void write_model(h5::File& file, const std::string& group, const Mlp& model,
                  const ModelInfo& info);
 

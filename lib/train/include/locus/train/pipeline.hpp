@@ -52,6 +52,7 @@ struct StageRange {
   std::size_t end = 0;
   double flops_per_sample = 0;  // forward + backward, as counted by the balancer
   int layers() const noexcept { return end_layer - first_layer; }
+  LayerRange held() const noexcept { return {first_layer, end_layer}; }  // a TrainState's
   std::size_t size() const noexcept { return end - begin; }
   std::size_t param_bytes() const noexcept { return size() * sizeof(float); }
 };
@@ -172,19 +173,20 @@ class PipelineStage {
   std::unique_ptr<Impl> impl_;
 };
 
-// The trainer's compute backend (compute.hpp) for pipeline_stages > 1: this rank trains its
-// stage's slice of state.model in place, with the gradient buffer and optimizer state in the
-// full layout (only the stage's slice is used), so a TrainState is the same object at any grid
-// and a checkpoint restores into it unchanged. Semantics that differ from the CPU backend:
+// The trainer's compute backend (compute.hpp) for pipeline_stages > 1 (and for micro-batches
+// on one stage): this rank trains its stage's layers of a TrainState that holds only those
+// (state.model.held() == the partition's stage(grid.stage()).held()), with a gradient buffer of
+// the same size, so a rank's parameters, gradients and optimizer state are its stage's share.
+// Checkpoints and model files are written by the stages, each its layers. Semantics that
+// differ from the CPU backend:
 //   forward_backward: collective over grid.pp() and grid.dp(); it also completes the gradient
 //     all-reduce over dp (on_grads_ready is not called). Stage 0 passes the replica's batch,
 //     the other stages an empty one.
 //   grad_norm, evaluate: collective over grid.pp().
-//   sync_to_host: collective over grid.pp(): every stage's parameters and optimizer state are
-//     gathered into every rank's TrainState (what a checkpoint or model file writes).
 class PipelineCompute final : public Compute {
  public:
-  // Collective over grid.world() (see PipelineStage).
+  // Collective over grid.world() (see PipelineStage). ConfigError (agreed) when the state does
+  // not hold exactly this rank's stage.
   PipelineCompute(const Grid& grid, TrainState& state, Loss loss, const PipelineOptions& options);
   ~PipelineCompute() override;
 
@@ -195,7 +197,6 @@ class PipelineCompute final : public Compute {
   double grad_norm() override;
   void optimizer_step(double lr, float grad_scale) override;
   LossStats evaluate(const Batch& batch) override;
-  void sync_to_host() override;
 
   PipelineStage& stage() noexcept { return *stage_; }
   const PipelineStage& stage() const noexcept { return *stage_; }
@@ -203,8 +204,7 @@ class PipelineCompute final : public Compute {
  private:
   TrainState& state_;
   StageRange range_;  // agreed on every rank before the first collective that needs it
-  mpi::Comm pp_;
-  std::vector<float> grads_;
+  std::vector<float> grads_;  // the stage's slice only
   std::unique_ptr<PipelineStage> stage_;
 };
 

@@ -114,6 +114,7 @@ class Trainer {
   // current parameters; loss and accuracy are summed over the ranks. Needs eval_path.
   EvalMetrics evaluate();
 
+  // With pipeline stages, this rank's stage's layers only (model.held()).
   TrainState& state() noexcept;
   const TrainState& state() const noexcept;
   // state() made current from the compute backend (a device-to-host copy; nothing on the

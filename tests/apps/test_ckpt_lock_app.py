@@ -1,0 +1,132 @@
+"""End-to-end ownership of a checkpoint directory by one locus-train job (configs/tiny.ini under
+mpiexec): a second job on a locked directory exits 2 at once, saying which job holds it and what
+to do, without touching the directory, while the first goes on; after the first exits (exit 75
+after SIGTERM) or is SIGKILLed, a new job takes the directory and resumes its checkpoints; a
+requeued Slurm job (the same SLURM_JOB_ID) waits for its predecessor instead of failing;
+locus-ckpt's read-only commands ignore the lock."""
+import os
+import signal
+import subprocess
+
+from apphelpers import check, expect_exit, main
+from test_resume_app import BASE, EXIT_CONFIG, EXIT_REQUEUE, launch_command, latest, prepare
+from test_resume_app import rank_pids, train, wait_for
+
+# The holder sleeps a second at every step boundary, so it is still training while the
+# second job starts; a checkpoint every 2 steps, all of them kept.
+HOLDER = ["--checkpoint.dir=ck", "--checkpoint.every_steps=2", "--checkpoint.keep_last=0",
+          "--train.metrics=", "--train.output=holder.h5"]
+
+
+def start_holder(r, tmp, job):
+    cmd, env = launch_command(r, "locus-train", *BASE, *HOLDER,
+                              env={"LOCUS_TEST_HOOK": "ckpt-step-boundary:sleep1",
+                                   "SLURM_JOB_ID": job})
+    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    ck = os.path.join(tmp, "ck")
+    wait_for(lambda: os.path.exists(os.path.join(ck, "ckpt-00000002.h5")), proc, 120,
+             "the holder's first checkpoint")
+    return proc
+
+
+def stop(proc):
+    if proc.poll() is None:
+        for pid in rank_pids(proc.pid).values():
+            os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+
+
+def contents(ck):
+    """File name -> bytes of every file in the directory."""
+    out = {}
+    for name in sorted(os.listdir(ck)):
+        with open(os.path.join(ck, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def test_second_job_is_refused_and_the_first_goes_on(r, tmp):
+    prepare(r, tmp)
+    holder = start_holder(r, tmp, "1001")
+    ck = os.path.join(tmp, "ck")
+    try:
+        before = contents(ck)
+        run_before = latest(ck)["run"]
+        # --resume=none would rewrite `latest` at once and retire the holder's checkpoints.
+        p = train(r, tmp, "--checkpoint.dir=ck", "--resume=none", "--train.output=second.h5",
+                  "--train.metrics=second.jsonl", env={"SLURM_JOB_ID": "1002"})
+        expect_exit(p, EXIT_CONFIG, "checkpoint.dir 'ck' is in use by another training job",
+                    "Slurm job 1001", "pid ", "run " + run_before,
+                    "Set checkpoint.dir to another directory, or wait until Slurm job 1001 ends")
+        check((p.stdout + p.stderr).count("error:") == 1, "the error must be printed once", p)
+        check("epoch" not in p.stdout, "the refused job trained", p)
+        for name in ("second.h5", "second.jsonl"):
+            check(not os.path.exists(os.path.join(tmp, name)), f"the refused job wrote {name}", p)
+        check(holder.poll() is None, "the holder stopped")
+        after = contents(ck)
+        for name, data in before.items():
+            if name.startswith("ckpt-"):
+                check(after.get(name) == data, f"{name} of the holder changed or disappeared")
+        check(latest(ck)["run"] == run_before, f"the pointer changed run: {latest(ck)}")
+        check(after[".lock"] == before[".lock"], "the refused job rewrote the holder record")
+        # Read-only tools ignore the lock.
+        expect_exit(r.run("locus-ckpt", "list", "ck", cwd=tmp), 0, "ckpt-00000002.h5")
+        expect_exit(r.run("locus-ckpt", "verify", "ck/ckpt-00000002.h5", cwd=tmp), 0)
+        # The holder is preempted: it checkpoints and exits 75, releasing the directory.
+        os.kill(rank_pids(holder.pid)[0], signal.SIGTERM)
+        out, err = holder.communicate(timeout=120)
+        check(holder.returncode == EXIT_REQUEUE, f"holder exit {holder.returncode}\n{out}\n{err}")
+    finally:
+        stop(holder)
+    step = int(latest(ck)["latest"][5:13])
+    q = train(r, tmp, "--checkpoint.dir=ck", "--resume=auto", "--train.metrics=",
+              "--train.output=next.h5", env={"SLURM_JOB_ID": "1003"})
+    expect_exit(q, 0, f"resumed from ck/ckpt-{step:08d}.h5")
+    check(os.path.exists(os.path.join(tmp, "next.h5")), "the next job wrote no model", q)
+
+
+def test_killed_holder_leaves_no_stale_lock(r, tmp):
+    prepare(r, tmp)
+    holder = start_holder(r, tmp, "2001")
+    stop(holder)  # SIGKILL to every rank: no clean-up runs
+    ck = os.path.join(tmp, "ck")
+    check(os.path.exists(os.path.join(ck, ".lock")), "no lock file")
+    step = int(latest(ck)["latest"][5:13])
+    q = train(r, tmp, "--checkpoint.dir=ck", "--resume=auto", "--train.metrics=",
+              "--train.output=next.h5", env={"SLURM_JOB_ID": "2002"})
+    expect_exit(q, 0, f"resumed from ck/ckpt-{step:08d}.h5")
+
+
+def test_requeued_job_waits_for_its_predecessor(r, tmp):
+    prepare(r, tmp)
+    holder = start_holder(r, tmp, "3001")
+    cmd, env = launch_command(r, "locus-train", *BASE, "--checkpoint.dir=ck", "--resume=auto",
+                              "--train.metrics=", "--train.output=requeued.h5",
+                              env={"SLURM_JOB_ID": "3001"})
+    requeued = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        waiting = []
+
+        def announced():
+            line = requeued.stdout.readline()
+            waiting.append(line)
+            return "held by an earlier instance of this Slurm job" in line
+
+        wait_for(announced, requeued, 120, "the requeued job to wait")
+        check(holder.poll() is None, "the holder stopped")
+        stop(holder)  # the predecessor goes away: the requeued job takes over
+        out, err = requeued.communicate(timeout=300)
+    finally:
+        stop(holder)
+        if requeued.poll() is None:
+            requeued.kill()
+    p = subprocess.CompletedProcess(cmd, requeued.returncode, "".join(waiting) + out, err)
+    expect_exit(p, 0, "resumed from ck/ckpt-")
+
+
+if __name__ == "__main__":
+    main([test_second_job_is_refused_and_the_first_goes_on,
+          test_killed_holder_leaves_no_stale_lock,
+          test_requeued_job_waits_for_its_predecessor])
