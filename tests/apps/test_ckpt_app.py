@@ -27,7 +27,8 @@ def make_checkpoints(r, tmp):
 
 def test_list_verify_inspect(r, tmp):
     files = make_checkpoints(r, tmp)
-    check(files == ["ckpt-00000040.h5", "ckpt-00000063.h5", "ckpt-00000080.h5",
+    # .lock: the training job's ownership lock (docs/FORMATS.md); the file stays after the job.
+    check(files == [".lock", "ckpt-00000040.h5", "ckpt-00000063.h5", "ckpt-00000080.h5",
                     "ckpt-00000120.h5", "ckpt-00000126.h5", "latest"], f"files {files}")
     p = ckpt(r, tmp, "list", "ck")
     expect_exit(p, 0, "5 checkpoint(s)", "* ckpt-00000126.h5")

@@ -258,7 +258,7 @@ def test_write_failures_keep_the_previous_checkpoint(r, tmp):
     check(latest(ck)["latest"] == "ckpt-00000030.h5", f"latest {latest(ck)}")
     check(open(os.path.join(ck, "ckpt-00000030.h5"), "rb").read() == before,
           "the previous checkpoint changed")
-    check(sorted(os.listdir(ck)) == ["ckpt-00000020.h5", "ckpt-00000030.h5", "latest"],
+    check(sorted(os.listdir(ck)) == [".lock", "ckpt-00000020.h5", "ckpt-00000030.h5", "latest"],
           f"left behind: {sorted(os.listdir(ck))}")
     expect_exit(r.run("locus-ckpt", "verify", "ck", cwd=tmp), 0)
     # A save that outlasts checkpoint.save_timeout_s is given up; the run itself goes on.
@@ -268,7 +268,7 @@ def test_write_failures_keep_the_previous_checkpoint(r, tmp):
     expect_exit(p, 0, "checkpoint step 40 (end) abandoned", "the previous checkpoint stays the latest",
                 "model written to t.h5")
     check(latest(ck)["latest"] == "ckpt-00000030.h5", f"latest {latest(ck)}")
-    check(sorted(os.listdir(ck)) == ["ckpt-00000020.h5", "ckpt-00000030.h5", "latest"],
+    check(sorted(os.listdir(ck)) == [".lock", "ckpt-00000020.h5", "ckpt-00000030.h5", "latest"],
           f"left behind: {sorted(os.listdir(ck))}")
     blocker = os.path.join(tmp, "file")
     open(blocker, "w").close()
