@@ -11,6 +11,7 @@
 // this rank's share alone and the per-step agreed flag (one 3-int MPI_Allreduce). Rank 0
 // prints one JSON line per round and one with the rest (run_ckpt_bench.sh takes the medians).
 //   mpirun -n P locus_ckpt_bench DIR [width] [sgd|adamw] [rounds] [settle seconds]
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "../io/raw_baseline.hpp"
 #include "locus/comm/app.hpp"
@@ -83,8 +85,25 @@ void settle(const mpi::Comm& world, const std::vector<std::string>& paths, doubl
   });
 }
 
+// `dd if=src of=dst bs=1M conv=fsync` done by this process.
+void copy_fsync(const std::string& src, const std::string& dst) {
+  io::RawFile in = io::RawFile::open(src, io::RawFile::Mode::read);
+  const int fd = ::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw IoError("cannot create " + dst);
+  std::vector<std::byte> buf(1u << 20);
+  const auto size = std::filesystem::file_size(src);
+  for (std::uint64_t at = 0; at < size; at += buf.size()) {
+    const std::size_t n = std::min<std::uint64_t>(buf.size(), size - at);
+    in.read_at(at, std::span(buf).first(n));
+    if (::write(fd, buf.data(), n) != static_cast<ssize_t>(n)) throw IoError("cannot write " + dst);
+  }
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw IoError("cannot fsync " + dst);
+}
+
 struct Round {
-  double write_s = 0, dd_s = 0, meta_s = 0, cold_s = 0, load_s = 0, cached = 0;
+  double write_s = 0, dd_s = 0, dd_rank_s = 0, meta_s = 0, cold_s = 0, load_s = 0, cached = 0;
 };
 
 int run_bench(mpi::Comm& world, int argc, char** argv) {
@@ -134,6 +153,19 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
     });
     return world.allreduce(s, MPI_MAX);
   };
+  // dd's loop run by rank 0 itself (read 1 MiB, write it, fsync at the end): the same copy
+  // from a process with the footprint of a training rank.
+  const std::string dd2_out = dir + "/dd-in-rank.bin";
+  auto dd_in_rank = [&] {
+    settle(world, {dd2_out}, settle_s);
+    double s = 0;
+    bench::on_root(world, [&] {
+      const auto t0 = Clock::now();
+      copy_fsync(dd_src, dd2_out);
+      s = since(t0);
+    });
+    return world.allreduce(s, MPI_MAX);
+  };
   // Untimed: the source of dd (a checkpoint, in the page cache like locus's source is in
   // memory) and a first output of each side.
   save();
@@ -146,7 +178,9 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
     if (locus_first) {
       t.write_s = save();
       t.dd_s = dd();
+      t.dd_rank_s = dd_in_rank();
     } else {
+      t.dd_rank_s = dd_in_rank();
       t.dd_s = dd();
       t.write_s = save();
     }
@@ -163,17 +197,19 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
       const double gb = static_cast<double>(bytes) / 1e9;
       std::printf("{\"round\":%d,\"first\":\"%s\",\"ranks\":%d,\"width\":%d,\"optimizer\":\"%s\","
                   "\"bytes\":%llu,\"write_s\":%.4f,\"write_GBps\":%.4f,\"dd_s\":%.4f,"
-                  "\"dd_GBps\":%.4f,\"ratio\":%.4f,\"meta_s\":%.5f,\"cold_load_s\":%.4f,"
+                  "\"dd_GBps\":%.4f,\"ratio\":%.4f,\"dd_in_rank_s\":%.4f,\"ratio_in_rank\":%.4f,"
+                  "\"meta_s\":%.5f,\"cold_load_s\":%.4f,"
                   "\"cold_load_GBps\":%.4f,\"cached_before_cold\":%.3f,\"load_s\":%.4f,"
                   "\"load_GBps\":%.4f,\"loadavg\":%.2f}\n",
                   r, locus_first ? "locus" : "dd", world.size(), width,
                   data.meta.optimizer.c_str(), static_cast<unsigned long long>(bytes), t.write_s,
-                  gb / t.write_s, t.dd_s, gb / t.dd_s, t.dd_s / t.write_s, t.meta_s, t.cold_s,
+                  gb / t.write_s, t.dd_s, gb / t.dd_s, t.dd_s / t.write_s, t.dd_rank_s,
+                  t.dd_rank_s / t.write_s, t.meta_s, t.cold_s,
                   gb / t.cold_s, t.cached, t.load_s, gb / t.load_s, loadavg());
       std::fflush(stdout);
     }
   }
-  settle(world, {ckdir, dd_out, dd_src}, 0);
+  settle(world, {ckdir, dd_out, dd2_out, dd_src}, 0);
 
   // The CRC-32 of this rank's share of the parameters alone (what verification adds).
   const h5::RowRange mine = h5::partition_rows(static_cast<std::uint64_t>(width), world.rank(),

@@ -34,6 +34,9 @@ w=$(rounds_only | field write_GBps | median)
 d=$(rounds_only | field dd_GBps | median)
 echo "median write GB/s: locus $w, dd conv=fsync $d, ratio of the medians $(awk -v a="$w" -v b="$d" 'BEGIN{printf "%.2f", a/b}')," \
      "median of the per-round ratios $(rounds_only | field ratio | median)"
+echo "median seconds: locus $(rounds_only | field write_s | median), dd $(rounds_only | field dd_s | median)," \
+     "dd's loop run by rank 0 itself $(rounds_only | field dd_in_rank_s | median)" \
+     "(per-round ratio to locus: $(rounds_only | field ratio_in_rank | median))"
 echo "median resume: metadata $(rounds_only | field meta_s | median) s," \
      "verified load cold $(rounds_only | field cold_load_s | median) s" \
      "($(rounds_only | field cold_load_GBps | median) GB/s; page-cache share before: $(rounds_only | field cached_before_cold | median))," \

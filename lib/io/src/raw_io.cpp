@@ -53,6 +53,9 @@ RawFile RawFile::open(const std::string& path, Mode mode) {
     throw DataError(msg);
   }
   Fd owned(fd);
+  // Reads go front to back: a larger read-ahead window, and the disk reads ahead while a
+  // piece is checksummed. (Explicit WILLNEED hints per piece measured slower.)
+  if (mode == Mode::read) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return RawFile(path, std::move(owned), mode, is_node_local(fd));
 }
 
@@ -91,13 +94,6 @@ std::uint32_t RawFile::write_at(std::uint64_t offset, std::span<const std::byte>
 std::uint32_t RawFile::read_at(std::uint64_t offset, std::span<std::byte> out, std::uint32_t crc) {
   for (std::uint64_t done = 0; done < out.size();) {
     const std::uint64_t n = std::min<std::uint64_t>(kPieceBytes, out.size() - done);
-    // Ask for the next piece now, so the disk reads it while this one is checksummed (a
-    // no-op when it is cached).
-    if (done + n < out.size()) {
-      ::posix_fadvise(fd_.get(), static_cast<off_t>(offset + done + n),
-                      static_cast<off_t>(std::min<std::uint64_t>(kPieceBytes, out.size() - done - n)),
-                      POSIX_FADV_WILLNEED);
-    }
     for (std::uint64_t got = 0; got < n;) {
       const ssize_t r = ::pread(fd_.get(), out.data() + done + got, n - got,
                                 static_cast<off_t>(offset + done + got));

@@ -1,7 +1,7 @@
 // Raw byte movement between memory and one byte range of a file, by one rank alone: pwrite(2)
 // and pread(2) in pieces, each piece CRC-32'd while it is in cache, the write-back of what was
 // written started every few MiB (sync_file_range) so the disk works while the next pieces are
-// copied, and the next piece of a read prefetched while this one is checksummed. For the
+// copied, and reads declared sequential (a wider read-ahead while a piece is checksummed). For the
 // contiguous datasets of an HDF5 file (h5::raw_offset) it bypasses HDF5 and MPI-IO, which copy
 // every byte once more on the way (bench/RESULTS.md, "Checkpoints").
 #pragma once
