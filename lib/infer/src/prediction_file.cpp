@@ -119,8 +119,6 @@ void write_rows_independent(const h5::Dataset& dset, std::uint64_t first_row,
   LOCUS_H5_CHECK(H5Dwrite(dset.id(), mem_type, memspace.get(), filespace.get(), dxpl, data));
 }
 
-void FdTraits::close(int fd) noexcept { ::close(fd); }
-
 PredictionFile::PredictionFile(h5::File& file, PredictionLayout layout, h5::Dataset values)
     : file_(&file), layout_(layout), values_(std::move(values)), dxpl_(independent_dxpl()),
       writeback_fd_(::open(file.path().c_str(), O_RDONLY | O_CLOEXEC)) {}

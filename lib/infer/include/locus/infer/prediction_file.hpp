@@ -9,10 +9,10 @@
 #include <optional>
 #include <string>
 
-#include "locus/comm/handle.hpp"
 #include "locus/infer/scorer.hpp"
 #include "locus/io/dataset.hpp"
 #include "locus/io/file.hpp"
+#include "locus/io/raw_io.hpp"
 
 namespace locus::infer {
 
@@ -37,13 +37,6 @@ struct PredictionProvenance {
   std::string input;              // input file path
   std::string features;           // features dataset inside the input
   std::string config;             // effective config (INI)
-};
-
-// A POSIX file descriptor owned by a Handle.
-struct FdTraits {
-  using value_type = int;
-  static constexpr int invalid() noexcept { return -1; }
-  static void close(int fd) noexcept;
 };
 
 class PredictionFile {
@@ -91,7 +84,7 @@ class PredictionFile {
   h5::Dataset values_;
   std::optional<h5::Dataset> predicted_, topk_index_, topk_value_, writer_;
   h5::Id dxpl_;  // independent transfers
-  Handle<FdTraits> writeback_fd_;  // read-only descriptor for start_writeback()
+  io::Fd writeback_fd_;  // read-only descriptor for start_writeback()
 };
 
 // Writes `rows` rows of `dset` starting at first_row from `data` with independent MPI-IO.
