@@ -123,8 +123,9 @@ std::string holder_record(const std::string& run_id, const std::string& since) {
 // empty while it is rewritten.
 void write_record(int fd, const std::string& text) {
   const auto n = static_cast<ssize_t>(text.size());
-  if (::pwrite(fd, text.data(), text.size(), 0) == n && ::ftruncate(fd, n) != 0) {
-    return;  // a longer record's tail is left: readers take the first value of each key
+  if (::pwrite(fd, text.data(), text.size(), 0) != n) return;
+  if (::ftruncate(fd, n) != 0) {
+    // A longer record's tail stays; harmless: readers take the first value of each key.
   }
 }
 
