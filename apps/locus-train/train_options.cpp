@@ -113,8 +113,8 @@ void TrainSettings::register_options(Config& c) {
         at_least(0));
   c.add("checkpoint.dir", ckpt_dir,
         "directory of the run's checkpoints (ckpt-<step>.h5 and a `latest` pointer; empty: no "
-        "checkpoints, and SIGUSR1/SIGUSR2 are ignored). One directory per training job: two "
-        "jobs sharing one would retire each other's checkpoints");
+        "checkpoints, and SIGUSR1/SIGUSR2 are ignored). One directory per training job: a "
+        "second job on a directory in use is refused (the running job holds DIR/.lock)");
   c.add("checkpoint.every_steps", ckpt_every_steps, "checkpoint every this many steps (0: off)",
         at_least(0));
   c.add("checkpoint.every_seconds", ckpt_every_seconds,

@@ -5,7 +5,9 @@
 // locus copies from memory) while the other ranks wait idle; rounds alternate which goes
 // first, and both start alike: their own previous output deleted, nothing dirty, the disk idle
 // for SETTLE seconds. dd runs while the ranks hold their state, because on the benchmark VM
-// the cost of new page-cache pages depends on the memory held and recently freed (RESULTS.md).
+// the cost of new page-cache pages depends on the memory held and recently freed; rank 0 also
+// runs dd's loop itself (read 1 MiB, write it; fsync): the same copy made by a process with a
+// training rank's footprint, which costs 2x more there (bench/RESULTS.md, "Checkpoints").
 // Each round then times a resume: the metadata alone, the verified load cold (the file evicted
 // from the page cache, as on a node that did not write it) and warm. At the end: the CRC-32 of
 // this rank's share alone and the per-step agreed flag (one 3-int MPI_Allreduce). Rank 0

@@ -13,9 +13,15 @@
 //   pwrite-nocrc  pwrite-sfr without the CRC pass (what the CRC costs)
 //   raw           io::RawFile (lib/io): pwrite in 1 MiB pieces, write-back started every
 //                 16 MiB, CRC-32 by carry-less multiplication; one RawFile per tensor
-// ":P" after a name sets the piece size in MiB (8 by default), ":P:W" also the write-back
-// batch of the pwrite-sfr variants (W MiB; one piece by default).
-// Rounds rotate the order of the variants and dd; rank 0 prints one JSON line per timing.
+//   ddrank        not a checkpoint: dd's loop (read 1 MiB of dd's source, write it; fsync)
+//                 run by rank 0 itself, i.e. dd's copy made by a rank's process
+// "-pre" after a variant's name first does the checkpoint writer's preflight (rank 0 creates
+// the file with ftruncate to its full size, before HDF5 truncates and creates it); ":P" after
+// a name sets the piece size in MiB (8 by default), ":P:W" also the write-back batch of the
+// pwrite-sfr variants (W MiB; one piece by default). HOG_MIB=N: every rank holds N MiB more
+// (a training rank's footprint). Every timed write starts after its previous file is deleted,
+// `sync` and 1 s of idle disk; rounds rotate the order of the variants and dd; rank 0 prints
+// one JSON line per timing.
 //   mpirun -n P locus_ckpt_write_variants DIR MiB [tensors] [rounds] [variants,...]
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -249,6 +255,24 @@ double dd_copy(const mpi::Comm& comm, const std::string& src, const std::string&
   return comm.allreduce(s, MPI_MAX);
 }
 
+// Rank 0 (others idle): dd's loop (read 1 MiB, write it, fsync) in this process, timed.
+double copy_in_rank(const mpi::Comm& comm, const std::string& src, const std::string& dst) {
+  double s = 0;
+  bench::on_root(comm, [&] {
+    const auto t0 = Clock::now();
+    const int in = ::open(src.c_str(), O_RDONLY), out = ::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<char> buf(1u << 20);
+    for (ssize_t n; (n = ::read(in, buf.data(), buf.size())) > 0;) {
+      if (::write(out, buf.data(), static_cast<std::size_t>(n)) != n) throw IoError("write");
+    }
+    if (::fsync(out) != 0) throw IoError("fsync");
+    ::close(in);
+    ::close(out);
+    s = since(t0);
+  });
+  return comm.allreduce(s, MPI_MAX);
+}
+
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -313,8 +337,10 @@ int run(mpi::Comm& world, int argc, char** argv) {
       }
       world.barrier();
       const std::string path = fmt::format("{}/{}.{}", dir, v.substr(0, v.find(':')),
-                                           v == "dd" ? "bin" : "h5");
-      report(v, r, v == "dd" ? dd_copy(world, dd_src, path) : write_file(world, path, tensors, v));
+                                           v.starts_with("dd") ? "bin" : "h5");
+      report(v, r, v == "dd"       ? dd_copy(world, dd_src, path)
+                   : v == "ddrank" ? copy_in_rank(world, dd_src, path)
+                                   : write_file(world, path, tensors, v));
       if (world.is_root()) ::unlink(path.c_str());
     }
     std::rotate(order.begin(), order.begin() + 1, order.end());
