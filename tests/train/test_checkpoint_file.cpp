@@ -22,26 +22,19 @@
 #include "locus/io/h5.hpp"
 #include "locus/train/checkpoint.hpp"
 #include "shared_tmpdir.hpp"
+#include "test_checkpoint_util.hpp"
 
 namespace locus::train::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-const mpi::Comm& world() {
-  static const mpi::Comm w = [] {
-    std::error_code ec;  // fsync is free on tmpfs (see test_checkpoint_util.hpp)
-    if (fs::is_directory("/dev/shm", ec)) ::setenv("TMPDIR", "/dev/shm", 1);
-    return mpi::Comm::world();
-  }();
-  return w;
-}
-
-float value(std::uint64_t i, std::uint64_t salt) {
-  std::uint64_t x = i * 0x9e3779b97f4a7c15ull + salt;
-  x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-  return static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 - 0.5);
-}
+// Every file of these tests in memory (fsync is free on tmpfs).
+class CheckpointFile : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { use_memory_tmpdir(); }
+};
+using CheckpointDir = CheckpointFile;
 
 // An AdamW state with distinct values everywhere (widths chosen so that tensors have row
 // counts that do not divide by 2 or 4).
@@ -52,13 +45,7 @@ TrainState make_state(std::uint64_t salt) {
   OptimizerOptions o;
   o.kind = OptimizerKind::adamw;
   TrainState s(spec, o);
-  auto p = s.model.params();
-  for (std::size_t i = 0; i < p.size(); ++i) p[i] = value(i, salt);
-  std::uint64_t k = 1;
-  for (auto& b : s.optimizer->state()) {
-    for (std::size_t i = 0; i < b.data.size(); ++i) b.data[i] = value(i, salt + 1000 * k);
-    ++k;
-  }
+  fill_state(s, salt);
   s.optimizer->set_steps(41);
   s.step = 41;
   s.epoch = 2;
@@ -93,14 +80,6 @@ CheckpointMeta make_meta(const TrainState& s, const std::string& run) {
   m.model = s.model.spec();
   m.num_classes = 5;
   return m;
-}
-
-CheckpointData data_of(const TrainState& s, const CheckpointMeta& m) {
-  CheckpointData d;
-  d.model = &s.model;
-  for (const auto& b : std::as_const(*s.optimizer).state()) d.optimizer_state.push_back(b);
-  d.meta = m;
-  return d;
 }
 
 void expect_same_state(const TrainState& a, const TrainState& b) {
@@ -140,7 +119,7 @@ void flip_bit_at(const std::string& path, std::span<const float> needle) {
   world().barrier();
 }
 
-TEST(CheckpointFile, RoundTripIsBitwiseAtAnyWorldSize) {
+TEST_F(CheckpointFile, RoundTripIsBitwiseAtAnyWorldSize) {
   const locus::test::SharedTmpDir dir(world());
   const TrainState s = make_state(1);
   const CheckpointMeta m = make_meta(s, "run-a");
@@ -171,7 +150,7 @@ TEST(CheckpointFile, RoundTripIsBitwiseAtAnyWorldSize) {
   }
 }
 
-TEST(CheckpointFile, WrittenAloneReadByTheWorld) {
+TEST_F(CheckpointFile, WrittenAloneReadByTheWorld) {
   const locus::test::SharedTmpDir dir(world());
   const TrainState s = make_state(2);
   // Every rank writes its own file alone; all ranks then read rank 0's together.
@@ -184,7 +163,7 @@ TEST(CheckpointFile, WrittenAloneReadByTheWorld) {
   expect_same_state(s, back);
 }
 
-TEST(CheckpointFile, FlippedBitInATensorIsFound) {
+TEST_F(CheckpointFile, FlippedBitInATensorIsFound) {
   const locus::test::SharedTmpDir dir(world());
   const TrainState s = make_state(3);
   const std::string path = dir.file("c.h5");
@@ -208,7 +187,7 @@ TEST(CheckpointFile, FlippedBitInATensorIsFound) {
   }
 }
 
-TEST(CheckpointFile, DamagedAttributeOrNewerFormatIsRefused) {
+TEST_F(CheckpointFile, DamagedAttributeOrNewerFormatIsRefused) {
   const locus::test::SharedTmpDir dir(world());
   const TrainState s = make_state(4);
   const std::string path = dir.file("d.h5");
@@ -246,7 +225,7 @@ TEST(CheckpointFile, DamagedAttributeOrNewerFormatIsRefused) {
   EXPECT_FALSE(junk.problem.empty());
 }
 
-TEST(CheckpointFile, AnotherModelOrOptimizerIsRefused) {
+TEST_F(CheckpointFile, AnotherModelOrOptimizerIsRefused) {
   const locus::test::SharedTmpDir dir(world());
   const TrainState s = make_state(5);
   const std::string path = dir.file("e.h5");
@@ -276,7 +255,7 @@ std::vector<std::string> names_in(const std::string& dir) {
   return out;
 }
 
-TEST(CheckpointDir, CommitPointerAndRetention) {
+TEST_F(CheckpointDir, CommitPointerAndRetention) {
   const locus::test::SharedTmpDir tmp(world());
   const std::string dir = tmp.path();
   TrainState s = make_state(6);
@@ -312,7 +291,7 @@ TEST(CheckpointDir, CommitPointerAndRetention) {
                                                      "latest"}));
 }
 
-TEST(CheckpointDir, OverTheTimeBudgetTheSaveIsAbandoned) {
+TEST_F(CheckpointDir, OverTheTimeBudgetTheSaveIsAbandoned) {
   const locus::test::SharedTmpDir tmp(world());
   TrainState s = make_state(7);
   ASSERT_TRUE(save_checkpoint(world(), tmp.path(), data_of(s, make_meta(s, "r")), {}, {}).committed);
@@ -339,7 +318,7 @@ struct FileSizeLimit {
   rlimit saved{};
 };
 
-TEST(CheckpointDir, FailedWriteKeepsThePreviousCheckpoint) {
+TEST_F(CheckpointDir, FailedWriteKeepsThePreviousCheckpoint) {
   const locus::test::SharedTmpDir tmp(world());
   TrainState s = make_state(8);
   const TrainState before = make_state(8);

@@ -31,6 +31,38 @@ inline const mpi::Comm& world() {
   return w;
 }
 
+// A value per (index, salt) in [-0.5, 0.5), exact in float32: states made with one salt
+// are equal bit for bit, and any two tensors or salts differ.
+inline float pattern_value(std::uint64_t i, std::uint64_t salt) {
+  std::uint64_t x = i * 0x9e3779b97f4a7c15ull + salt;
+  x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+  return static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 - 0.5);
+}
+
+// Fills the parameters and the optimizer state of `s` with pattern values by layout index, so
+// a pipeline stage's state equals its slice of the whole state filled with the same salt.
+inline void fill_state(TrainState& s, std::uint64_t salt) {
+  const std::size_t at = s.model.offset();
+  auto p = s.model.params();
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = pattern_value(at + i, salt);
+  std::uint64_t k = 1;
+  for (auto& b : s.optimizer->state()) {
+    for (std::size_t i = 0; i < b.data.size(); ++i) {
+      b.data[i] = pattern_value(at + i, salt + 1000 * k);
+    }
+    ++k;
+  }
+}
+
+// What a save of `s` with metadata `m` writes.
+inline CheckpointData data_of(const TrainState& s, const CheckpointMeta& m) {
+  CheckpointData d;
+  d.model = &s.model;
+  for (const auto& b : std::as_const(*s.optimizer).state()) d.optimizer_state.push_back(b);
+  d.meta = m;
+  return d;
+}
+
 // The suite of a checkpoint test: one Data on MPI_COMM_WORLD for all its tests, and every file
 // (datasets, checkpoints) in memory.
 class CheckpointSuite : public WorldDataSuite {

@@ -37,26 +37,13 @@ ModelSpec spec() {
   return s;
 }
 
-float value(std::uint64_t i, std::uint64_t salt) {
-  std::uint64_t x = i * 0x9e3779b97f4a7c15ull + salt;
-  x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-  return static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 - 0.5);
-}
-
 // An AdamW state of layers `held` whose every value is a function of its layout index, so a
 // stage's state is exactly its slice of the whole state made with the same salt.
 TrainState make_state(LayerRange held, std::uint64_t salt) {
   OptimizerOptions o;
   o.kind = OptimizerKind::adamw;
   TrainState s(spec(), o, held);
-  const std::size_t at = s.model.offset();
-  auto p = s.model.params();
-  for (std::size_t i = 0; i < p.size(); ++i) p[i] = value(at + i, salt);
-  std::uint64_t k = 1;
-  for (auto& b : s.optimizer->state()) {
-    for (std::size_t i = 0; i < b.data.size(); ++i) b.data[i] = value(at + i, salt + 1000 * k);
-    ++k;
-  }
+  fill_state(s, salt);
   s.optimizer->set_steps(17);
   s.step = 17;
   s.epoch = 1;
@@ -89,14 +76,6 @@ CheckpointMeta meta_of(const TrainState& s, const Grid& g) {
   m.model = s.model.spec();
   m.num_classes = 5;
   return m;
-}
-
-CheckpointData data_of(const TrainState& s, const CheckpointMeta& m) {
-  CheckpointData d;
-  d.model = &s.model;
-  for (const auto& b : std::as_const(*s.optimizer).state()) d.optimizer_state.push_back(b);
-  d.meta = m;
-  return d;
 }
 
 // The grids of this world size with more than one stage.
