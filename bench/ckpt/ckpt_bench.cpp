@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/bench_cli.hpp"
 #include "../io/raw_baseline.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/io/dataset.hpp"
@@ -69,15 +70,6 @@ train::CheckpointMeta meta_of(const train::TrainState& s, const mpi::Comm& world
   m.model = s.model.spec();
   m.loss = train::Loss::mse;
   return m;
-}
-
-double loadavg() {
-  double l = 0;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return l;
 }
 
 // Collective: rank 0 deletes `paths`, flushes everything and leaves the disk idle (the file
@@ -213,7 +205,7 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
                   data.meta.optimizer.c_str(), static_cast<unsigned long long>(bytes), t.write_s,
                   gb / t.write_s, t.dd_s, gb / t.dd_s, t.dd_s / t.write_s, t.dd_rank_s,
                   t.dd_rank_s / t.write_s, t.meta_s, t.cold_s,
-                  gb / t.cold_s, t.cached, t.load_s, gb / t.load_s, loadavg());
+                  gb / t.cold_s, t.cached, t.load_s, gb / t.load_s, bench::loadavg());
       std::fflush(stdout);
     }
   }

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/bench_cli.hpp"
 #include "../io/raw_baseline.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/io/dataset.hpp"
@@ -280,15 +281,6 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-double loadavg() {
-  double l = 0;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return l;
-}
-
 int run(mpi::Comm& world, int argc, char** argv) {
   if (argc < 3) throw ConfigError("usage: locus_ckpt_write_variants DIR MiB [tensors] [rounds] [variants]");
   h5::init();
@@ -318,7 +310,7 @@ int run(mpi::Comm& world, int argc, char** argv) {
       std::printf("{\"variant\":\"%s\",\"round\":%d,\"ranks\":%d,\"bytes\":%llu,\"s\":%.4f,"
                   "\"GBps\":%.4f,\"close_s\":%.4f,\"load\":%.2f}\n", what.c_str(), round,
                   world.size(), static_cast<unsigned long long>(bytes), s,
-                  static_cast<double>(bytes) / 1e9 / s, what == "dd" ? 0.0 : g_close_s, loadavg());
+                  static_cast<double>(bytes) / 1e9 / s, what == "dd" ? 0.0 : g_close_s, bench::loadavg());
       std::fflush(stdout);
     }
   };

@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <iostream>
 #include <string>
 #include <vector>
 
 #include <boost/program_options.hpp>
 #include <fmt/format.h>
 
+#include "../common/bench_cli.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/comm/reducer.hpp"
 
@@ -44,16 +44,7 @@ BenchOptions parse(int argc, char** argv) {
       ("in-flight", po::value(&o.reducer.max_in_flight)
                         ->default_value(o.reducer.max_in_flight), "reducer chunks in flight");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw ConfigError(fmt::format("{}: see locus_allreduce_bench --help", e.what()));
-  }
-  if (vm.count("help") != 0) {
-    std::cout << desc << "\n";
-    o.iters = 0;
-  }
+  if (bench::parse_command_line(desc, argc, argv, "locus_allreduce_bench", vm)) o.iters = 0;
   if (o.min_bytes < sizeof(float) || o.min_bytes > o.max_bytes || o.iters < 0 || o.warmup < 0)
     throw ConfigError(fmt::format("sizes {}..{} or iterations {}/{} make no sweep: give "
                                   "4 <= min-bytes <= max-bytes and non-negative counts",
@@ -120,7 +111,7 @@ std::string columns(std::size_t bytes, int ranks, const Result& r) {
                      r.wrong);
 }
 
-int bench(mpi::Comm& world, int argc, char** argv) {
+int run_bench(mpi::Comm& world, int argc, char** argv) {
   const BenchOptions o = parse(argc, argv);
   if (o.iters == 0) return 0;
   mpi::Comm comm = world.dup();
@@ -195,5 +186,5 @@ int bench(mpi::Comm& world, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_app(argc, argv, [&](mpi::Comm& world) { return bench(world, argc, argv); });
+  return run_app(argc, argv, [&](mpi::Comm& world) { return run_bench(world, argc, argv); });
 }

@@ -6,12 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <iostream>
 #include <vector>
 
 #include <boost/program_options.hpp>
 #include <fmt/format.h>
 
+#include "../common/bench_cli.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/comm/reducer.hpp"
 
@@ -45,16 +45,7 @@ BenchOptions parse(int argc, char** argv) {
       ("in-flight", po::value(&o.reducer.max_in_flight)
                         ->default_value(o.reducer.max_in_flight), "reducer chunks in flight");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw ConfigError(fmt::format("{}: see locus_overlap_bench --help", e.what()));
-  }
-  if (vm.count("help") != 0) {
-    std::cout << desc << "\n";
-    o.steps = 0;
-  }
+  if (bench::parse_command_line(desc, argc, argv, "locus_overlap_bench", vm)) o.steps = 0;
   if (o.layers < 1 || o.work < 1 || o.grad_bytes < sizeof(float) * o.layers)
     throw ConfigError(fmt::format("layers={} work={} grad-bytes={}: give at least one layer, "
                                   "work >= 1 and 4 bytes per layer", o.layers, o.work,
@@ -84,7 +75,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int bench(mpi::Comm& world, int argc, char** argv) {
+int run_bench(mpi::Comm& world, int argc, char** argv) {
   const BenchOptions o = parse(argc, argv);
   if (o.steps == 0) return 0;
   const std::size_t n = o.grad_bytes / sizeof(float);
@@ -152,5 +143,5 @@ int bench(mpi::Comm& world, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_app(argc, argv, [&](mpi::Comm& world) { return bench(world, argc, argv); });
+  return run_app(argc, argv, [&](mpi::Comm& world) { return run_bench(world, argc, argv); });
 }

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +17,7 @@
 #include <boost/program_options.hpp>
 #include <fmt/format.h>
 
+#include "../common/bench_cli.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/io/dataset.hpp"
 #include "locus/io/file.hpp"
@@ -77,16 +77,7 @@ Options parse(int argc, char** argv) {
       ("no-raw", "skip dd and cat (HDF5 only)")
       ("keep", po::bool_switch(&o.keep), "leave the last rep's files in --dir");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw ConfigError(fmt::format("{}: see locus_h5_bandwidth --help", e.what()));
-  }
-  if (vm.count("help") != 0) {
-    std::cout << desc << "\n";
-    o.help = true;
-  }
+  o.help = bench::parse_command_line(desc, argc, argv, "locus_h5_bandwidth", vm);
   o.cold = vm.count("no-cold") == 0;
   o.raw = vm.count("no-raw") == 0;
   o.bytes = parse_size(bytes);
