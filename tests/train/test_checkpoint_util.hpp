@@ -127,8 +127,9 @@ inline void add_state(Outcome& o, const Trainer& t) {
   o.optimizer_steps = s.optimizer->steps();
 }
 
+// Collective over comm: an uninterrupted run of o on comm, in o.pipeline_stages stages.
 inline Outcome straight_run(const mpi::Comm& comm, const TrainOptions& o) {
-  const Grid grid(comm, 1);
+  const Grid grid(comm, o.pipeline_stages);
   Trainer t(grid, o);
   Recorder rec;
   t.train(&rec);

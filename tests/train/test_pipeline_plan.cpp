@@ -12,9 +12,12 @@
 #include "locus/comm/mpi.hpp"
 #include "locus/train/grid.hpp"
 #include "locus/train/pipeline.hpp"
+#include "agreed_error.hpp"
 
 namespace locus::train {
 namespace {
+
+using locus::test::agreed_error;
 
 // The balancer's objective, recomputed independently: the most expensive stage, where a stage
 // costs its share of FLOPs (layer 0: 4 in*out, others 6 in*out) plus its share of parameters.
@@ -205,20 +208,6 @@ TEST(PipelineSchedules, EveryMicroBatchOnceEachWayAndNoDeadlock) {
   }
 }
 
-// Runs fn and returns the ConfigError it threw on this rank (checking it was agreed).
-template <class Fn>
-std::string agreed_config_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    EXPECT_TRUE(e.agreed()) << e.what();
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("other error: ") + e.what();
-  }
-  return "no error";
-}
-
 TEST(PipelineGrid, WorldNotDivisibleIsAConfigError) {
   const mpi::Comm world = mpi::Comm::world();
   try {
@@ -237,7 +226,7 @@ TEST(PipelineGrid, MoreStagesThanLayersIsAnAgreedConfigError) {
   ModelSpec spec;
   spec.widths.assign(static_cast<std::size_t>(world.size()), 6);  // world.size() - 1 layers
   std::vector<float> params(ParamLayout(spec.widths).size()), grads(params.size());
-  const std::string msg = agreed_config_error([&] {
+  const std::string msg = agreed_error<ConfigError>([&] {
     PipelineStage stage(grid, spec, Loss::softmax_cross_entropy, {}, {params, grads});
   });
   EXPECT_NE(msg.find(fmt::format("use at most {} stages", world.size() - 1)), std::string::npos)
@@ -253,13 +242,13 @@ TEST(PipelineGrid, MicroBatchesBelowOneIsAnAgreedConfigError) {
   o.micro_batches = 0;
   const StagePartition p(ParamLayout(spec.widths), 2);
   std::vector<float> params(p.stage(grid.stage()).size()), grads(params.size());
-  const std::string msg = agreed_config_error([&] {
+  const std::string msg = agreed_error<ConfigError>([&] {
     PipelineStage stage(grid, spec, Loss::softmax_cross_entropy, o, {params, grads});
   });
   EXPECT_NE(msg.find("train.micro_batches = 0"), std::string::npos) << msg;
   o.micro_batches = 2;
   o.stage_boundaries = {0};
-  const std::string bad = agreed_config_error([&] {
+  const std::string bad = agreed_error<ConfigError>([&] {
     PipelineStage stage(grid, spec, Loss::softmax_cross_entropy, o, {params, grads});
   });
   EXPECT_NE(bad.find("train.stage_boundaries = 0"), std::string::npos) << bad;

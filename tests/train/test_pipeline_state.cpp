@@ -191,18 +191,6 @@ TEST_F(PipelineState, CheckpointsOfEveryGridHoldTheSameTensors) {
   }
 }
 
-// Collective over comm: an uninterrupted run of o on comm's grid.
-Outcome straight(const mpi::Comm& comm, const TrainOptions& o) {
-  const Grid grid(comm, o.pipeline_stages);
-  Trainer t(grid, o);
-  Recorder rec;
-  t.train(&rec);
-  Outcome out;
-  add_state(out, t);
-  out.steps = rec.steps;
-  return out;
-}
-
 // Collective over comm: o on comm's grid resumes from `how` (a path, or auto in dir) and
 // finishes; its whole state and the metrics of the steps after the resume.
 Outcome resume_and_finish(const mpi::Comm& comm, const TrainOptions& o, const std::string& dir,
@@ -259,7 +247,7 @@ TEST_F(PipelineState, ResumesOnOtherGrids) {
   const Outcome from_one = resume_and_finish(world(), sgd, "", dir.file("one/" + ckpt), &r);
   EXPECT_EQ(r.meta.pipeline_stages, 1);
   EXPECT_EQ(r.meta.world_size, 1);
-  expect_continues(from_one, straight(world(), sgd), stop, "1 rank -> pp=2");
+  expect_continues(from_one, straight_run(world(), sgd), stop, "1 rank -> pp=2");
 
   TrainOptions adamw = options(2, OptimizerKind::adamw, 3);
   save_at(world(), adamw, stop, dir.file("pp"));
@@ -267,7 +255,7 @@ TEST_F(PipelineState, ResumesOnOtherGrids) {
   const Outcome to_half = resume_and_finish(groups, adamw, "", dir.file("pp/" + ckpt), &r);
   EXPECT_EQ(r.meta.pipeline_stages, 2);
   EXPECT_EQ(r.meta.data_parallel, world().size() / 2);
-  expect_continues(to_half, straight(groups, adamw), stop,
+  expect_continues(to_half, straight_run(groups, adamw), stop,
                    fmt::format("pp=2 x dp={} -> {}", world().size() / 2, groups.size() == 1
                                                                            ? "1 rank"
                                                                            : "pp=2 x dp=1"));
@@ -301,7 +289,7 @@ TEST_F(PipelineState, DamageOnTheLastStageFallsBackOnEveryRank) {
   ASSERT_EQ(r.skipped.size(), 1u);
   EXPECT_NE(r.skipped[0].find(checkpoint_file_name(9)), std::string::npos) << r.skipped[0];
   EXPECT_NE(r.skipped[0].find(tensor), std::string::npos) << r.skipped[0];
-  const Outcome want = straight(world(), o);
+  const Outcome want = straight_run(world(), o);
   Outcome tail = want;
   tail.steps.erase(tail.steps.begin(), tail.steps.begin() + 8);
   expect_bitwise(got, tail, "resumed from step 8 after skipping a damaged step 9");

@@ -10,10 +10,13 @@
 #include "locus/io/dataset_file.hpp"
 #include "locus/io/file.hpp"
 #include "locus/train/forward.hpp"
+#include "agreed_error.hpp"
 #include "test_trainer_util.hpp"
 
 namespace locus::train::test {
 namespace {
+
+using locus::test::agreed_error;
 
 const mpi::Comm& world() {
   static const mpi::Comm w = mpi::Comm::world();
@@ -21,22 +24,6 @@ const mpi::Comm& world() {
 }
 
 class TrainerTest : public WorldDataSuite {};
-
-// Runs fn and returns the message of the ConfigError it must throw, marked agreed.
-template <class Fn>
-std::string config_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    EXPECT_TRUE(e.agreed()) << "a ConfigError not agreed across ranks: " << e.what();
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a ConfigError, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected a ConfigError, nothing was thrown";
-  return "";
-}
 
 TEST(Grid, PureDataParallel) {
   const Grid g(world(), 1);
@@ -87,7 +74,7 @@ TEST_F(TrainerTest, PipelineStagesMustFitTheModelAndTheGrid) {
   }
   o.pipeline_stages = 2;
   const Grid g(world(), 1);
-  const std::string msg = config_error([&] { Trainer t(g, o); });
+  const std::string msg = agreed_error<ConfigError>([&] { Trainer t(g, o); });
   EXPECT_NE(msg.find("train.pipeline_stages = 2"), std::string::npos) << msg;
 }
 
@@ -95,7 +82,7 @@ TEST_F(TrainerTest, InputWidthMustMatchTheFeatures) {
   TrainOptions o = small_options(data());
   o.model.widths.front() = kFeatures + 1;
   const Grid g(world(), 1);
-  const std::string msg = config_error([&] { Trainer t(g, o); });
+  const std::string msg = agreed_error<ConfigError>([&] { Trainer t(g, o); });
   EXPECT_NE(msg.find("model.widths = 13,24,16,4"), std::string::npos) << msg;
   EXPECT_NE(msg.find("has 12 features"), std::string::npos) << msg;
   EXPECT_NE(msg.find(data().train()), std::string::npos) << msg;
@@ -105,7 +92,7 @@ TEST_F(TrainerTest, OutputWidthMustMatchTheClasses) {
   TrainOptions o = small_options(data());
   o.model.widths.back() = kClasses + 3;
   const Grid g(world(), 1);
-  const std::string msg = config_error([&] { Trainer t(g, o); });
+  const std::string msg = agreed_error<ConfigError>([&] { Trainer t(g, o); });
   EXPECT_NE(msg.find("ends in 7 outputs"), std::string::npos) << msg;
   EXPECT_NE(msg.find("has 4 classes"), std::string::npos) << msg;
 }
@@ -114,7 +101,7 @@ TEST_F(TrainerTest, CosineNeedsStepsAfterTheWarmup) {
   TrainOptions o = small_options(data());
   o.schedule.warmup_steps = 30;  // the run has 2 x 15 steps
   const Grid g(world(), 1);
-  const std::string msg = config_error([&] { Trainer t(g, o); });
+  const std::string msg = agreed_error<ConfigError>([&] { Trainer t(g, o); });
   EXPECT_NE(msg.find("optim.warmup_steps = 30"), std::string::npos) << msg;
 }
 

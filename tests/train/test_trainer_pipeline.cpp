@@ -14,11 +14,14 @@
 #include <string>
 
 #include "locus/train/preempt.hpp"
+#include "agreed_error.hpp"
 #include "shared_tmpdir.hpp"
 #include "test_checkpoint_util.hpp"
 
 namespace locus::train::test {
 namespace {
+
+using locus::test::agreed_error;
 
 class PipelineTrainer : public CheckpointSuite {
  protected:
@@ -261,32 +264,19 @@ TEST_F(PipelineTrainer, PreemptionSignalCheckpointsAndResumesBitwise) {
   expect_bitwise(got, want.out, "signalled at step 7");
 }
 
-// Runs fn and returns the agreed ConfigError it threw.
-template <class Fn> std::string agreed_config_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    EXPECT_TRUE(e.agreed()) << e.what();
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("other error: ") + e.what();
-  }
-  return "no error";
-}
-
 TEST_F(PipelineTrainer, InvalidGridsAreAgreedConfigErrors) {
   const Grid grid(world(), world().size());
   TrainOptions o = options(world().size(), 2, PipelineSchedule::one_f_one_b);
   o.model.widths.resize(static_cast<std::size_t>(world().size()));  // world - 1 layers
   o.model.widths.back() = kClasses;
-  const std::string more = agreed_config_error([&] { Trainer t(grid, o); });
+  const std::string more = agreed_error<ConfigError>([&] { Trainer t(grid, o); });
   EXPECT_NE(more.find("use at most"), std::string::npos) << more;
   o = options(world().size(), 0, PipelineSchedule::gpipe);
-  const std::string micro = agreed_config_error([&] { Trainer t(grid, o); });
+  const std::string micro = agreed_error<ConfigError>([&] { Trainer t(grid, o); });
   EXPECT_NE(micro.find("train.micro_batches = 0"), std::string::npos) << micro;
   o = options(world().size(), 2, PipelineSchedule::gpipe);
   o.stage_boundaries = {99};  // beyond the last layer (and the wrong count on 4 ranks)
-  const std::string bounds = agreed_config_error([&] { Trainer t(grid, o); });
+  const std::string bounds = agreed_error<ConfigError>([&] { Trainer t(grid, o); });
   EXPECT_NE(bounds.find("train.stage_boundaries"), std::string::npos) << bounds;
 }
 
