@@ -13,6 +13,10 @@
 #                                    mpirun arguments that do not busy-poll, the apps checked
 #   locus_submit_fm_test_ingest      submit slurm/ingest.sbatch of Fashion-MNIST's test set into
 #                                    fm-test.h5 (cwd); prints the job id
+#   locus_reference_start ARGS...    start the uninterrupted 2-rank reference locus-train run
+#                                    (model-ref.h5, ref.log in cwd) beside the cluster's jobs;
+#                                    the EXIT trap ends it before the cluster's teardown
+#   locus_reference_wait             wait for it; fail the test if it failed
 
 # shellcheck disable=SC2034 # used by the tests that source this file
 LOCUS_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -102,4 +106,31 @@ locus_submit_fm_test_ingest() {
   slurm_submit -o ingest.log "$LOCUS_REPO/slurm/ingest.sbatch" --ingest.output=fm-test.h5 \
     "--ingest.images=$LOCUS_FM_DATA/t10k-images-idx3-ubyte.gz" \
     "--ingest.labels=$LOCUS_FM_DATA/t10k-labels-idx1-ubyte.gz"
+}
+
+# The reference a test compares its jobs' models with: the same locus-train arguments and rank
+# count, no Slurm, no checkpoints, run alongside the jobs. It is no job of the cluster, so if the
+# test fails before it ends, the EXIT trap ends it (mpirun ends its ranks) and then lets the
+# cluster's teardown run with the test's exit status.
+locus_reference_start() {
+  # shellcheck disable=SC2086 # word splitting is meant
+  OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BIN/locus-train" \
+    "$@" --train.output=model-ref.h5 --train.metrics= >ref.log 2>&1 &
+  LOCUS_REF_PID=$!
+  trap locus_reference_end EXIT
+}
+
+locus_reference_end() {
+  local rc=$?
+  set +e # a failing command must not end the trap before the teardown
+  [ -z "${LOCUS_REF_PID:-}" ] || { kill "$LOCUS_REF_PID" 2>/dev/null && wait "$LOCUS_REF_PID"; }
+  (exit $rc) # the status slurm_cluster_teardown reports
+  slurm_cluster_teardown
+}
+
+locus_reference_wait() {
+  local rc=0
+  wait "$LOCUS_REF_PID" || rc=$?
+  LOCUS_REF_PID=""
+  [ $rc = 0 ] || slurm_fail "the reference training failed (exit $rc): $(cat ref.log)"
 }

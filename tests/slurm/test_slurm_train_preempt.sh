@@ -88,31 +88,14 @@ done
 slurm_wait_state "$high" COMPLETED 60 || slurm_fail "preemptor $high did not complete"
 [ "$(slurm_job_field "$after" JobState)" = PENDING ] || slurm_fail "afterok job $after left PENDING after a requeue"
 
-# The uninterrupted reference, while the requeued jobs wait to start again: same config and
-# rank count, no Slurm, no checkpoints.
-# shellcheck disable=SC2086 # word splitting is meant
-OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BIN/locus-train" \
-  "${train_args[@]}" --train.output=model-ref.h5 --train.metrics= >ref.log 2>&1 &
-ref_pid=$!
-# It is no job of the cluster: if the test fails before it ends, end it (mpirun ends its
-# ranks), then let the cluster's teardown run with the test's exit status.
-end_reference() {
-  local rc=$?
-  set +e # a failing command must not end the trap before the teardown
-  [ -z "${ref_pid:-}" ] || { kill "$ref_pid" 2>/dev/null && wait "$ref_pid"; }
-  (exit $rc) # the status slurm_cluster_teardown reports
-  slurm_cluster_teardown
-}
-trap end_reference EXIT
+# The uninterrupted reference, while the requeued jobs wait to start again.
+locus_reference_start "${train_args[@]}"
 
 for j in "$m" "$s" "$after"; do
   slurm_wait_state "$j" COMPLETED 180 || slurm_fail "job $j did not complete: $(cat "$([ "$j" = "$m" ] && echo m || echo s).log")"
   [ "$(slurm_job_field "$j" ExitCode)" = 0:0 ] || slurm_fail "job $j: ExitCode $(slurm_job_field "$j" ExitCode)"
 done
-ref_rc=0
-wait "$ref_pid" || ref_rc=$?
-ref_pid=""
-[ $ref_rc = 0 ] || slurm_fail "the reference training failed (exit $ref_rc): $(cat ref.log)"
+locus_reference_wait
 [[ "$(slurm_job_field "$after" StartTime)" > "$(slurm_job_field "$m" EndTime)" ]] ||
   [ "$(slurm_job_field "$after" StartTime)" = "$(slurm_job_field "$m" EndTime)" ] ||
   slurm_fail "afterok job started $(slurm_job_field "$after" StartTime), before job $m ended $(slurm_job_field "$m" EndTime)"

@@ -38,21 +38,8 @@ for name in a b; do
 done
 slurm_wait_state "$ingest" COMPLETED 120 || slurm_fail "the ingest job failed: $(cat ingest.log)"
 
-# The unsuspended reference, alongside: same config and rank count, no Slurm. It is no job of
-# the cluster: if the test fails before it ends, end it (mpirun ends its ranks), then let the
-# cluster's teardown run with the test's exit status.
-# shellcheck disable=SC2086 # word splitting is meant
-OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BIN/locus-train" \
-  "${train_args[@]}" --train.output=model-ref.h5 --train.metrics= >ref.log 2>&1 &
-ref_pid=$!
-end_reference() {
-  local rc=$?
-  set +e # a failing command must not end the trap before the teardown
-  [ -z "${ref_pid:-}" ] || { kill "$ref_pid" 2>/dev/null && wait "$ref_pid"; }
-  (exit $rc) # the status slurm_cluster_teardown reports
-  slurm_cluster_teardown
-}
-trap end_reference EXIT
+# The unsuspended reference, alongside.
+locus_reference_start "${train_args[@]}"
 
 # Metrics lines job NAME has written (one every step).
 metric_lines() {
@@ -174,10 +161,7 @@ for name in a b; do
   slurm_log "job $j: $(grep '^trained' "$log"); suspended at metrics lines${stops[$name]} of $steps"
   [ $mid -ge $min_stops ] || slurm_fail "job $j was stopped only $mid times while training: raise epochs in $0"
 done
-ref_rc=0
-wait "$ref_pid" || ref_rc=$?
-ref_pid=""
-[ $ref_rc = 0 ] || slurm_fail "the reference training failed (exit $ref_rc): $(cat ref.log)"
+locus_reference_wait
 # Both models are the unsuspended run's, every tensor bit for bit.
 for name in a b; do
   locus_same_tensors "model-$name.h5" model-ref.h5 ||
