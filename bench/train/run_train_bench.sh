@@ -16,16 +16,8 @@ apps=$build/apps
 [[ -x $apps/locus-train ]] || { echo "build $apps/locus-train first" >&2; exit 2; }
 rounds=${ROUNDS:-5}
 epochs=${EPOCHS:-3}
-out=${LOCUS_BENCH_OUT:-/tmp/locus-train-bench}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-mkdir -p "$out"
-fm=/usr/share/datasets/fashion-mnist
-launch() { local n=$1; shift; mpirun --oversubscribe --bind-to none -n "$n" "$@"; }
-if [[ ! -f $out/train.h5 || ! -f $out/test.h5 ]]; then
-  launch 2 "$apps/locus-ingest" --overwrite --ingest.output="$out/train.h5" > /dev/null
-  launch 2 "$apps/locus-ingest" --overwrite --ingest.output="$out/test.h5" \
-    --ingest.images=$fm/t10k-images-idx3-ubyte.gz --ingest.labels=$fm/t10k-labels-idx1-ubyte.gz > /dev/null
-fi
+# shellcheck source=bench/train/fm-data.sh
+source "$here/fm-data.sh"
 
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 m() { printf '%s\n' "$@" | median; }
