@@ -8,10 +8,10 @@
 // SETTLE seconds. Deleting all of them, not each side its own, matters on the benchmark VM:
 // the guest hands free memory back to its host (free page reporting, 2 MiB blocks, after ~2 s)
 // and the first touch of such a page costs ~2 s per GiB, so a write that reuses pages freed
-// moments ago runs 3x faster than one that gets reported ones. With each side deleting only
-// its own file the sides' page pools drifted apart and the ratio swung 0.36-3.4 between rounds
-// (bench/RESULTS.md, "Checkpoints"); from one shared pool, settled past the reporting delay,
-// every side starts from the same state.
+// moments ago runs ~3x faster than one that gets reported ones. With each side deleting only
+// its own file the sides' page pools drifted apart (locus/dd 0.48 in one run, 1.02-1.30 in
+// another: bench/RESULTS.md, "Checkpoints"); from one shared pool, settled past the reporting
+// delay, every side starts from the same state.
 // Each round then times a resume: the metadata alone, the verified load cold (the file evicted
 // from the page cache, as on a node that did not write it) and warm. At the end: the CRC-32 of
 // this rank's share alone and the per-step agreed flag (one 3-int MPI_Allreduce). Rank 0

@@ -1,5 +1,6 @@
-// Shared by the checkpoint tests that train: what a run ends with (parameters, optimizer state,
-// per-step metrics), an uninterrupted reference run and the checkpoint options of a test.
+// Shared by the checkpoint tests: states filled with a known pattern and what a save of them
+// writes; for the tests that train, what a run ends with (parameters, optimizer state, per-step
+// metrics), an uninterrupted reference run and the checkpoint options of a test.
 #pragma once
 
 #include <gtest/gtest.h>
