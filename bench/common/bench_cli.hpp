@@ -21,13 +21,15 @@ inline bool parse_command_line(const boost::program_options::options_description
   namespace po = boost::program_options;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
+    if (vm.count("help") != 0) {  // before notify: --help needs no required option
+      std::cout << desc << "\n";
+      return true;
+    }
     po::notify(vm);
   } catch (const po::error& e) {
     throw ConfigError(fmt::format("{}: see {} --help", e.what(), program));
   }
-  if (vm.count("help") == 0) return false;
-  std::cout << desc << "\n";
-  return true;
+  return false;
 }
 
 // The 1-minute load average (0 where /proc/loadavg cannot be read): how busy the shared
