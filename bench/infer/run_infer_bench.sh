@@ -7,6 +7,8 @@
 #     INPUT.h5: >= 1M rows of 784 features (bench/infer/make_input.sh builds one)
 #     ROUNDS=3 BATCH=256 STATIC=1 (also time a static 2-way split with the slowed rank:
 #     --infer.schedule=static, each rank its half of the units)
+#     TORCH=0 MODEL=model.h5 PYTHON=python3: on a machine without Debian's python3-torch and
+#     h5py (the GPU hosts), skip PyTorch and score with a given model file; only json is used
 # "1 rank" runs twice: as is (its I/O thread may use the second core, as pipelining intends)
 # and pinned to one core (taskset -c 0: read, compute and write share it), the fair unit for
 # rank scaling on a 2-core machine where 2 ranks get a core each.
@@ -17,22 +19,10 @@ rounds=${ROUNDS:-3} batch=${BATCH:-256}
 mkdir -p "$work"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-py=/usr/bin/python3
+py=${PYTHON:-/usr/bin/python3} torch=${TORCH:-1}
 infer=$build/apps/locus-infer
-rows=$($py -c "import h5py; print(int(h5py.File('$input', 'r').attrs['committed_rows']))")
-model=$work/model.h5
-# A Fashion-MNIST-shaped MLP 784-256-128-10 with random weights (the trained one would do too).
-$py - "$model" <<'PY'
-import sys, h5py, numpy as np
-rng = np.random.default_rng(0)
-w = [784, 256, 128, 10]
-with h5py.File(sys.argv[1], "w") as f:
-    for i in range(3):
-        f[f"layers.{i}.weight"] = (rng.standard_normal((w[i + 1], w[i])) * np.sqrt(2 / w[i])).astype(np.float32)
-        f[f"layers.{i}.bias"] = np.zeros(w[i + 1], np.float32)
-    f.attrs.update(locus_format="locus-model", schema_version=1, widths=np.array(w, np.int64),
-                   activation="relu")
-PY
+model=${MODEL:-$work/model.h5}
+[[ -n ${MODEL:-} ]] || "$py" "$here/random_model.py" "$model"
 cat "$input" > /dev/null  # page cache
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 # [PIN=cpus] locus-infer NAME RANKS ARGS...: prints "wall_rows_per_s cpu_rows_per_s seconds
@@ -59,21 +49,24 @@ declare -A res
 for ((r = 0; r < rounds; r++)); do
   res[l1]+="$(locus l1 1)"$'\n'
   res[l1p]+="$(PIN=0 locus l1p 1)"$'\n'
-  t=$($py "$here/torch_infer_bench.py" "$model" "$input" "$rows" "$batch")
-  res[torch]+="$(echo "$t" | awk '/wall/ {w = $2} /cpu_rows/ {c = $2} END {print w, c}')"$'\n'
+  rows=$($py -c "import json; print(json.load(open('$work/l1.h5.report.json'))['rows_scored'])")
+  if [[ $torch == 1 ]]; then
+    t=$($py "$here/torch_infer_bench.py" "$model" "$input" "$rows" "$batch")
+    res[torch]+="$(echo "$t" | awk '/wall/ {w = $2} /cpu_rows/ {c = $2} END {print w, c}')"$'\n'
+  fi
   res[l2]+="$(locus l2 2)"$'\n'
   res[slow]+="$(locus slow 2 --infer.slow_ranks=1 --infer.slow_factor=4)"$'\n'
   if [[ ${STATIC:-0} == 1 ]]; then
     res[static]+="$(locus static 2 --infer.slow_ranks=1 --infer.slow_factor=4 --infer.schedule=static)"$'\n'
   fi
 done
-col() { printf '%s' "${res[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
+col() { printf '%s' "${res[$1]:-}" | awk -v c="$2" 'NF {print $c}' | median; }
 # Median seconds without making the output durable (flush, fsync, rename): on the shared disk
 # another user's writes can hold an fsync for up to a second.
-nodur() { printf '%s' "${res[$1]}" | awk 'NF {print $3 - $6}' | median; }
+nodur() { printf '%s' "${res[$1]:-}" | awk 'NF {print $3 - $6}' | median; }
 # Best of the rounds: the run least disturbed by other jobs on a shared machine.
-best() { printf '%s' "${res[$1]}" | awk -v c="$2" -v dir="$3" 'NF {v = $c; if (n++ == 0 || (dir == "max" ? v > b : v < b)) b = v} END {print b}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+best() { printf '%s' "${res[$1]:-}" | awk -v c="$2" -v dir="$3" 'NF {v = $c; if (n++ == 0 || (dir == "max" ? v > b : v < b)) b = v} END {print b}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b + 0 == 0) printf "n/a"; else printf "%.2f", a / b}'; }
 echo "rows $rows, batch $batch, rounds $rounds, load average $(cut -d' ' -f1-3 /proc/loadavg), $(getconf _NPROCESSORS_ONLN) cores"
 for stat in median best; do
   if [[ $stat == median ]]; then

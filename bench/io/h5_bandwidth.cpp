@@ -1,6 +1,9 @@
 // HDF5 collective write (with fsync) and read bandwidth of a float32 [N, D] dataset beside
 // `dd conv=fsync` and `cat` of the same byte count in the same directory, alternated rep by
 // rep so load spikes on a shared machine hit both sides. Every read is verified.
+// Reads are timed two ways: the whole share into one buffer (what a caller holding the dataset
+// in memory pays), and streamed in pieces through one small reused buffer (how locus-infer and
+// the out-of-core loader read, and how cat reads).
 //   mpirun -n 2 locus_h5_bandwidth --bytes 1GiB --dir /tmp/x --reps 5
 #include <fcntl.h>
 #include <unistd.h>
@@ -31,6 +34,7 @@ namespace {
 
 struct Options {
   std::uint64_t bytes = std::uint64_t{1} << 30;
+  std::uint64_t stream_bytes = std::uint64_t{2} << 20;  // piece of a streamed read; 0: none
   std::uint64_t cols = 1024;
   std::string dir = ".";
   int reps = 5;
@@ -43,7 +47,7 @@ struct Options {
   bool help = false;
 };
 
-std::uint64_t parse_size(const std::string& text) {
+std::uint64_t parse_size(const std::string& option, const std::string& text) {
   std::size_t used = 0;
   std::uint64_t v = 0;
   try {
@@ -56,16 +60,18 @@ std::uint64_t parse_size(const std::string& text) {
   if (used > 0 && (unit == "K" || unit == "KiB")) return v << 10;
   if (used > 0 && (unit == "M" || unit == "MiB")) return v << 20;
   if (used > 0 && (unit == "G" || unit == "GiB")) return v << 30;
-  throw ConfigError(fmt::format("--bytes '{}' is not a size: give bytes, or a number with "
-                                "K/KiB, M/MiB or G/GiB", text));
+  throw ConfigError(fmt::format("--{} '{}' is not a size: give bytes, or a number with "
+                                "K/KiB, M/MiB or G/GiB", option, text));
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  std::string bytes = "1GiB";
+  std::string bytes = "1GiB", stream_bytes = "2MiB";
   po::options_description desc("locus_h5_bandwidth options");
   desc.add_options()("help,h", "print this help")
       ("bytes", po::value(&bytes)->default_value(bytes), "dataset size (multiple of 16 MiB)")
+      ("stream-bytes", po::value(&stream_bytes)->default_value(stream_bytes),
+       "piece size per rank of the streamed read (0: no streamed read)")
       ("cols", po::value(&o.cols)->default_value(o.cols), "float32 columns D of [N, D]")
       ("dir", po::value(&o.dir)->default_value(o.dir), "directory for the test files")
       ("reps", po::value(&o.reps)->default_value(o.reps), "repetitions (medians are reported)")
@@ -80,7 +86,8 @@ Options parse(int argc, char** argv) {
   o.help = bench::parse_command_line(desc, argc, argv, "locus_h5_bandwidth", vm);
   o.cold = vm.count("no-cold") == 0;
   o.raw = vm.count("no-raw") == 0;
-  o.bytes = parse_size(bytes);
+  o.bytes = parse_size("bytes", bytes);
+  o.stream_bytes = parse_size("stream-bytes", stream_bytes);
   const std::uint64_t row_bytes = o.cols * sizeof(float);
   if (o.cols == 0 || o.bytes == 0 || o.bytes % (std::uint64_t{16} << 20) != 0 ||
       o.bytes % row_bytes != 0 || o.reps < 1 || o.warmup < 0) {
@@ -147,8 +154,11 @@ struct Series {
 
 // The measured series, HDF5 beside its raw counterpart. pread_warm is a diagnostic beside
 // cat: every rank pread(2)s its share of the raw file into the buffer HDF5 reads into, so the
-// destination is the same; cat's destination is one cache-resident 128 KiB buffer.
-enum Kind : std::size_t { h5_write, dd_write, h5_warm, cat_warm, h5_cold, cat_cold, pread_warm };
+// destination is the same; cat's destination is one cache-resident 128 KiB buffer, as is
+// h5_stream_warm's (one --stream-bytes piece per rank, reused).
+enum Kind : std::size_t {
+  h5_write, dd_write, h5_warm, cat_warm, h5_cold, cat_cold, pread_warm, h5_stream_warm
+};
 
 class Bench {
  public:
@@ -157,7 +167,12 @@ class Bench {
         mine_(h5::partition_rows(rows_, comm.rank(), comm.size())),
         h5_path_(o.dir + "/locus_h5_bandwidth.h5"),
         raw_path_(o.dir + "/locus_h5_bandwidth.raw"),
-        out_(mine_.count * o.cols), in_(mine_.count * o.cols, -1.0f) {
+        out_(mine_.count * o.cols), in_(mine_.count * o.cols, -1.0f),
+        stream_rows_(std::max<std::uint64_t>(1, o.stream_bytes / (o.cols * sizeof(float)))),
+        piece_(o.stream_bytes > 0 ? stream_rows_ * o.cols : 0, -1.0f) {
+    // Every rank takes part in every collective piece, the ranks with fewer rows in empty ones.
+    pieces_ = comm.allreduce<std::uint64_t>((mine_.count + stream_rows_ - 1) / stream_rows_,
+                                            MPI_MAX);
     // -1, not 0: a zero-filled vector may come from calloc untouched, and the first read
     // would then pay for page faults that later reps do not.
     for (std::uint64_t r = 0; r < mine_.count; ++r)
@@ -187,10 +202,12 @@ class Bench {
       {"hdf5 write+close+fsync", "h5_write", {}}, {"dd conv=fsync", "dd_write", {}},
       {"hdf5 read warm", "h5_read_warm", {}},     {"cat warm", "cat_warm", {}},
       {"hdf5 read cold", "h5_read_cold", {}},     {"cat cold", "cat_cold", {}},
-      {"pread warm (same buffer)", "pread_warm", {}}};  // by Kind
+      {"pread warm (same buffer)", "pread_warm", {}},
+      {"hdf5 read warm, streamed", "h5_stream_warm", {}}};  // by Kind
   long wrong = 0;
   H5D_mpio_actual_io_mode_t write_mode = H5D_MPIO_NO_COLLECTIVE;
   H5D_mpio_actual_io_mode_t read_mode = H5D_MPIO_NO_COLLECTIVE;
+  H5D_mpio_actual_io_mode_t stream_mode = H5D_MPIO_NO_COLLECTIVE;
   double cold_resident = 0;  // largest resident fraction seen before a cold read
   std::vector<std::vector<double>> write_phases;  // create, write_rows, close, fsync
   std::vector<std::vector<double>> warm_phases;   // open, read_rows, close
@@ -208,6 +225,10 @@ class Bench {
     measure(h5_write, [&] { hdf5_write(); });
     measure(h5_warm, [&] { hdf5_read(warm_phases); });
     verify();
+    if (o_.stream_bytes > 0) {
+      measure(h5_stream_warm, [&] { hdf5_stream_read(false); });
+      hdf5_stream_read(true);  // the same reads again, untimed, checking every value
+    }
     if (!o_.cold) return;
     evict(h5_path_);
     measure(h5_cold, [&] { hdf5_read(cold_phases); });
@@ -266,6 +287,29 @@ class Bench {
     ph.mark();
   }
 
+  // Timed: open → this rank's rows in collective pieces of stream_rows_ into one reused
+  // buffer → close. With check, every piece is compared with what was written.
+  void hdf5_stream_read(bool check) {
+    h5::File f = h5::File::open(comm_, h5_path_, h5::File::Mode::read);
+    {
+      h5::Dataset ds = h5::Dataset::open(f, "/features");
+      long bad = 0;
+      for (std::uint64_t k = 0; k < pieces_; ++k) {
+        const std::uint64_t first = std::min(mine_.count, k * stream_rows_);
+        const std::uint64_t n = std::min(stream_rows_, mine_.count - first);
+        ds.read_rows<float>(mine_.begin + first, std::span(piece_).first(n * o_.cols));
+        if (!check) continue;
+        for (std::uint64_t r = 0; r < n; ++r)
+          for (std::uint64_t c = 0; c < o_.cols; ++c)
+            bad += piece_[r * o_.cols + c] != value_at(mine_.begin + first + r, c, o_.cols);
+        std::fill(piece_.begin(), piece_.end(), -1.0f);
+      }
+      if (check) wrong += comm_.allreduce(bad, MPI_SUM);
+      else stream_mode = ds.last_transfer().mode;
+    }
+    f.close();
+  }
+
   // This rank's byte share of a raw file of o_.bytes into in_ (whose size it is).
   void pread_share(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -306,6 +350,9 @@ class Bench {
   h5::RowRange mine_;
   std::string h5_path_, raw_path_;
   std::vector<float> out_, in_;
+  std::uint64_t stream_rows_;  // rows per streamed piece
+  std::uint64_t pieces_ = 0;   // collective pieces of a streamed read (the most any rank needs)
+  std::vector<float> piece_;
 };
 
 // Bandwidth ratio hdf5/raw of two series: of their medians, and the median of the per-rep
@@ -353,18 +400,25 @@ void print_results(const mpi::Comm& comm, const Options& o, const Bench& b) {
   const auto& sr = b.series;
   const Ratio w = ratio(sr[h5_write], sr[dd_write]), warm = ratio(sr[h5_warm], sr[cat_warm]),
               cold = ratio(sr[h5_cold], sr[cat_cold]),
-              same_buffer = ratio(sr[h5_warm], sr[pread_warm]);
+              same_buffer = ratio(sr[h5_warm], sr[pread_warm]),
+              stream = ratio(sr[h5_stream_warm], sr[cat_warm]);
   if (o.raw) {
     std::printf("# hdf5/raw bandwidth, ratio of medians (median of per-rep ratios), target "
                 ">= 0.90: write %.2f (%.2f), warm read %.2f (%.2f)",
                 w.of_medians, w.paired, warm.of_medians, warm.paired);
     if (o.cold) std::printf(", cold read %.2f (%.2f)", cold.of_medians, cold.paired);
+    if (o.stream_bytes > 0) {
+      std::printf(", warm read streamed in %llu-byte pieces %.2f (%.2f)",
+                  static_cast<unsigned long long>(o.stream_bytes), stream.of_medians,
+                  stream.paired);
+    }
     std::printf("; diagnostic: warm read vs pread into the same buffers %.2f (%.2f)\n",
                 same_buffer.of_medians, same_buffer.paired);
   }
-  std::printf("# transfer mode: write %s, read %s; cold reads began with <= %.1f%% of the file "
-              "cached; wrong values read back: %ld (%s)\n",
-              mode_name(b.write_mode), mode_name(b.read_mode), 100.0 * b.cold_resident,
+  std::printf("# transfer mode: write %s, read %s, streamed read %s; cold reads began with "
+              "<= %.1f%% of the file cached; wrong values read back: %ld (%s)\n",
+              mode_name(b.write_mode), mode_name(b.read_mode),
+              o.stream_bytes > 0 ? mode_name(b.stream_mode) : "-", 100.0 * b.cold_resident,
               b.wrong, b.wrong == 0 ? "OK" : "FAILED");
   std::printf("# hdf5 phase medians on rank 0 (s): write create/write_rows/close/fsync %s; "
               "warm read open/read_rows/close %s; cold %s\n",
@@ -374,10 +428,12 @@ void print_results(const mpi::Comm& comm, const Options& o, const Bench& b) {
   for (const Series& s : sr) std::printf(" %s=%.1f", s.key, rate(s));
   std::printf(" write_ratio=%.3f warm_read_ratio=%.3f cold_read_ratio=%.3f write_paired=%.3f "
               "warm_read_paired=%.3f cold_read_paired=%.3f same_buffer_ratio=%.3f "
-              "same_buffer_paired=%.3f wrong=%ld write_mode=%s read_mode=%s\n",
+              "same_buffer_paired=%.3f stream_read_ratio=%.3f stream_read_paired=%.3f wrong=%ld "
+              "write_mode=%s read_mode=%s stream_mode=%s\n",
               w.of_medians, warm.of_medians, cold.of_medians, w.paired, warm.paired, cold.paired,
-              same_buffer.of_medians, same_buffer.paired,
-              b.wrong, mode_name(b.write_mode), mode_name(b.read_mode));
+              same_buffer.of_medians, same_buffer.paired, stream.of_medians, stream.paired,
+              b.wrong, mode_name(b.write_mode), mode_name(b.read_mode),
+              mode_name(b.stream_mode));
   std::fflush(stdout);
 }
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The I/O benchmark of locus in one run, printed as one table:
 #  - HDF5 collective write (create -> write -> close -> fsync) and read (open -> read -> close,
-#    warm and cold cache) of a float32 [N, 1024] dataset at 1 and 2 ranks, beside
-#    `dd conv=fsync` and `cat` of the same byte count in the same directory (locus_h5_bandwidth
-#    alternates the two sides rep by rep; ratios are hdf5/raw bandwidth, target >= 0.90);
+#    warm and cold cache; warm also streamed: each rank's rows in collective 2 MiB pieces
+#    through one reused buffer, as locus-infer reads) of a float32 [N, 1024] dataset at 1 and
+#    2 ranks, beside `dd conv=fsync` and `cat` of the same byte count in the same directory
+#    (locus_h5_bandwidth alternates the two sides rep by rep; ratios are hdf5/raw bandwidth,
+#    target >= 0.90);
 #  - locus-ingest throughput (MB/s of input) on the Fashion-MNIST train set (gzip IDX) and on a
 #    generated CSV at 1 and 2 ranks, runs alternating between rank counts.
 # Figures are medians over repetitions; the machine is shared, so read the min..max spread too.
@@ -111,11 +113,13 @@ for np in 1 2; do
   done <<'EOF'
 write+fsync vs dd conv=fsync|h5_write|dd_write|write_ratio|write_paired|>=0.90
 read warm vs cat warm|h5_read_warm|cat_warm|warm_read_ratio|warm_read_paired|>=0.90
+read warm, streamed, vs cat warm|h5_stream_warm|cat_warm|stream_read_ratio|stream_read_paired|>=0.90
 read cold vs cat cold|h5_read_cold|cat_cold|cold_read_ratio|cold_read_paired|>=0.90
 (warm vs pread into the same buffers)|h5_read_warm|pread_warm|same_buffer_ratio|same_buffer_paired|-
 EOF
   echo "  ($np ranks: transfer mode write $(kv write_mode <<< "$s"), read" \
-       "$(kv read_mode <<< "$s"); wrong values read back: $(kv wrong <<< "$s"))"
+       "$(kv read_mode <<< "$s"), streamed read $(kv stream_mode <<< "$s"); wrong values" \
+       "read back: $(kv wrong <<< "$s"))"
 done
 echo
 printf '%-38s %5s %10s %12s %9s %8s %8s %8s %8s\n' "ingest (median of $ingest_runs runs)" \
