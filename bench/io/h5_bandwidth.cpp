@@ -299,9 +299,7 @@ class Bench {
         const std::uint64_t n = std::min(stream_rows_, mine_.count - first);
         ds.read_rows<float>(mine_.begin + first, std::span(piece_).first(n * o_.cols));
         if (!check) continue;
-        for (std::uint64_t r = 0; r < n; ++r)
-          for (std::uint64_t c = 0; c < o_.cols; ++c)
-            bad += piece_[r * o_.cols + c] != value_at(mine_.begin + first + r, c, o_.cols);
+        bad += mismatches(std::span(piece_).first(n * o_.cols), first);
         std::fill(piece_.begin(), piece_.end(), -1.0f);
       }
       if (check) wrong += comm_.allreduce(bad, MPI_SUM);
@@ -331,10 +329,16 @@ class Bench {
   }
 
   void verify() {
-    long bad = 0;
-    for (std::size_t i = 0; i < in_.size(); ++i) bad += in_[i] != out_[i] ? 1 : 0;
-    wrong += comm_.allreduce(bad, MPI_SUM);
+    wrong += comm_.allreduce(mismatches(in_, 0), MPI_SUM);
     std::fill(in_.begin(), in_.end(), -1.0f);  // the next read must bring its own data
+  }
+
+  // Values of `got` (this rank's rows from local row `first` on) that differ from out_.
+  long mismatches(std::span<const float> got, std::uint64_t first) const {
+    long bad = 0;
+    const float* want = out_.data() + first * o_.cols;
+    for (std::size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i] ? 1 : 0;
+    return bad;
   }
 
   void evict(const std::string& path) {
