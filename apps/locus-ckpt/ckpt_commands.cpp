@@ -11,8 +11,8 @@
 
 #include "locus/comm/agree.hpp"
 #include "locus/comm/app.hpp"
-#include "locus/train/checkpoint.hpp"
-#include "locus/train/model_file.hpp"
+#include "locus/train/checkpoint/checkpoint.hpp"
+#include "locus/train/model/model_file.hpp"
 
 namespace locus::app {
 

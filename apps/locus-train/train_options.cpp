@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "locus/comm/error.hpp"
-#include "locus/train/preempt.hpp"
+#include "locus/train/checkpoint/preempt.hpp"
 
 namespace locus::app {
 

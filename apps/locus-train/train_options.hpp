@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "config.hpp"
-#include "locus/train/checkpoint.hpp"
+#include "locus/train/checkpoint/checkpoint.hpp"
 #include "locus/train/trainer.hpp"
 
 namespace locus::app {

@@ -36,7 +36,7 @@
 #include "locus/comm/app.hpp"
 #include "locus/io/dataset.hpp"
 #include "locus/io/raw_io.hpp"
-#include "locus/train/checkpoint.hpp"
+#include "locus/train/checkpoint/checkpoint.hpp"
 
 namespace {
 

@@ -18,8 +18,8 @@
 
 #include "locus/comm/error.hpp"
 #include "locus/infer/scorer.hpp"
-#include "locus/train/blas.hpp"
-#include "locus/train/forward.hpp"
+#include "locus/train/model/blas.hpp"
+#include "locus/train/model/forward.hpp"
 
 namespace {
 

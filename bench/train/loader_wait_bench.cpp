@@ -14,7 +14,7 @@
 
 #include "locus/comm/app.hpp"
 #include "locus/comm/error.hpp"
-#include "locus/train/loader.hpp"
+#include "locus/train/data/loader.hpp"
 
 namespace {
 

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "locus/comm/error.hpp"
-#include "locus/train/backward.hpp"
-#include "locus/train/blas.hpp"
-#include "locus/train/optimizer.hpp"
+#include "locus/train/model/backward.hpp"
+#include "locus/train/model/blas.hpp"
+#include "locus/train/optim/optimizer.hpp"
 
 namespace {
 

@@ -29,10 +29,10 @@
 
 #include "locus/comm/app.hpp"
 #include "locus/comm/mpi.hpp"
-#include "locus/train/blas.hpp"
+#include "locus/train/model/blas.hpp"
 #include "locus/train/grid.hpp"
-#include "locus/train/optimizer.hpp"
-#include "locus/train/pipeline.hpp"
+#include "locus/train/optim/optimizer.hpp"
+#include "locus/train/pipeline/pipeline.hpp"
 #include "locus/train/train_state.hpp"
 
 namespace {

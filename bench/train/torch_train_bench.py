@@ -49,7 +49,7 @@ def load(path):
 
 
 def lr_at(a, step, total):
-    """locus's schedule (lib/train/include/locus/train/schedule.hpp)."""
+    """locus's schedule (lib/train/include/locus/train/optim/schedule.hpp)."""
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
     if a.schedule == "constant":

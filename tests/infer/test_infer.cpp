@@ -11,7 +11,7 @@
 
 #include "locus/infer/infer.hpp"
 #include "locus/io/dataset_file.hpp"
-#include "locus/train/model_file.hpp"
+#include "locus/train/model/model_file.hpp"
 #include "shared_tmpdir.hpp"
 
 using namespace locus;

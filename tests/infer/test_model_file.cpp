@@ -10,7 +10,7 @@
 
 #include "locus/io/attribute.hpp"
 #include "locus/io/file.hpp"
-#include "locus/train/model_file.hpp"
+#include "locus/train/model/model_file.hpp"
 #include "shared_tmpdir.hpp"
 
 using namespace locus;

@@ -12,7 +12,7 @@
 #include "locus/io/attribute.hpp"
 #include "locus/io/dataset.hpp"
 #include "locus/io/file.hpp"
-#include "locus/train/loader.hpp"
+#include "locus/train/data/loader.hpp"
 
 namespace locus::test {
 

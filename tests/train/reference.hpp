@@ -7,9 +7,9 @@
 #include <span>
 #include <vector>
 
-#include "locus/train/dropout.hpp"
-#include "locus/train/loss.hpp"
-#include "locus/train/model.hpp"
+#include "locus/train/model/dropout.hpp"
+#include "locus/train/model/loss.hpp"
+#include "locus/train/model/model.hpp"
 
 namespace locus::train::testing {
 

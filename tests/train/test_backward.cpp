@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "locus/train/backward.hpp"
+#include "locus/train/model/backward.hpp"
 #include "reference.hpp"
 
 namespace locus::train {

@@ -20,7 +20,7 @@
 #include "locus/comm/error.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/h5.hpp"
-#include "locus/train/checkpoint.hpp"
+#include "locus/train/checkpoint/checkpoint.hpp"
 #include "shared_tmpdir.hpp"
 #include "test_checkpoint_util.hpp"
 

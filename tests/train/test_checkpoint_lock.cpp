@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "locus/comm/error.hpp"
-#include "locus/train/checkpoint.hpp"
+#include "locus/train/checkpoint/checkpoint.hpp"
 #include "shared_tmpdir.hpp"
 
 extern char** environ;

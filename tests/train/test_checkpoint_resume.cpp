@@ -12,7 +12,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "locus/train/preempt.hpp"
+#include "locus/train/checkpoint/preempt.hpp"
 #include "shared_tmpdir.hpp"
 #include "test_checkpoint_util.hpp"
 

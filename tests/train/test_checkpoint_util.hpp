@@ -15,7 +15,7 @@
 #include "locus/comm/error.hpp"
 #include "locus/io/dataset.hpp"
 #include "locus/io/file.hpp"
-#include "locus/train/checkpoint.hpp"
+#include "locus/train/checkpoint/checkpoint.hpp"
 #include "test_trainer_util.hpp"
 
 namespace locus::train::test {

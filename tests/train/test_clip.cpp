@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "locus/train/clip.hpp"
+#include "locus/train/optim/clip.hpp"
 
 namespace locus::train {
 namespace {

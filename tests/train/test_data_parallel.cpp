@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
-#include "locus/train/backward.hpp"
-#include "locus/train/clip.hpp"
-#include "locus/train/optimizer.hpp"
-#include "locus/train/schedule.hpp"
+#include "locus/train/model/backward.hpp"
+#include "locus/train/optim/clip.hpp"
+#include "locus/train/optim/optimizer.hpp"
+#include "locus/train/optim/schedule.hpp"
 
 namespace locus::train {
 namespace {

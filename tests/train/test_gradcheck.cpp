@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "locus/train/backward.hpp"
+#include "locus/train/model/backward.hpp"
 #include "reference.hpp"
 
 namespace locus::train {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "locus/comm/error.hpp"
-#include "locus/train/loss.hpp"
+#include "locus/train/model/loss.hpp"
 
 namespace locus::train {
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "locus/comm/error.hpp"
-#include "locus/train/forward.hpp"
+#include "locus/train/model/forward.hpp"
 #include "reference.hpp"
 
 namespace locus::train {

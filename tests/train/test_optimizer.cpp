@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "locus/comm/error.hpp"
-#include "locus/train/optimizer.hpp"
+#include "locus/train/optim/optimizer.hpp"
 
 namespace locus::train {
 namespace {

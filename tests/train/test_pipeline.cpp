@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
-#include "locus/train/backward.hpp"
-#include "locus/train/clip.hpp"
+#include "locus/train/model/backward.hpp"
+#include "locus/train/optim/clip.hpp"
 #include "locus/train/compute.hpp"
 #include "locus/train/grid.hpp"
-#include "locus/train/optimizer.hpp"
-#include "locus/train/pipeline.hpp"
+#include "locus/train/optim/optimizer.hpp"
+#include "locus/train/pipeline/pipeline.hpp"
 #include "locus/train/train_state.hpp"
 
 namespace locus::train {

@@ -11,7 +11,7 @@
 
 #include "locus/comm/mpi.hpp"
 #include "locus/train/grid.hpp"
-#include "locus/train/pipeline.hpp"
+#include "locus/train/pipeline/pipeline.hpp"
 #include "agreed_error.hpp"
 
 namespace locus::train {

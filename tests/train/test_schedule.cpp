@@ -5,7 +5,7 @@
 #include <numbers>
 
 #include "locus/comm/error.hpp"
-#include "locus/train/schedule.hpp"
+#include "locus/train/optim/schedule.hpp"
 
 namespace locus::train {
 namespace {

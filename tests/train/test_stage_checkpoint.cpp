@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "locus/comm/error.hpp"
-#include "locus/train/checkpoint.hpp"
+#include "locus/train/checkpoint/checkpoint.hpp"
 #include "locus/train/grid.hpp"
-#include "locus/train/model_file.hpp"
-#include "locus/train/pipeline.hpp"
+#include "locus/train/model/model_file.hpp"
+#include "locus/train/pipeline/pipeline.hpp"
 #include "shared_tmpdir.hpp"
 #include "test_checkpoint_util.hpp"
 

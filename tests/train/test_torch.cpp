@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "locus/train/backward.hpp"
-#include "locus/train/clip.hpp"
-#include "locus/train/optimizer.hpp"
-#include "locus/train/schedule.hpp"
+#include "locus/train/model/backward.hpp"
+#include "locus/train/optim/clip.hpp"
+#include "locus/train/optim/optimizer.hpp"
+#include "locus/train/optim/schedule.hpp"
 #include "reference.hpp"
 
 namespace locus::train {

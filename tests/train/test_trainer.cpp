@@ -9,7 +9,7 @@
 #include "locus/comm/error.hpp"
 #include "locus/io/dataset_file.hpp"
 #include "locus/io/file.hpp"
-#include "locus/train/forward.hpp"
+#include "locus/train/model/forward.hpp"
 #include "agreed_error.hpp"
 #include "test_trainer_util.hpp"
 

@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <string>
 
-#include "locus/train/preempt.hpp"
+#include "locus/train/checkpoint/preempt.hpp"
 #include "agreed_error.hpp"
 #include "shared_tmpdir.hpp"
 #include "test_checkpoint_util.hpp"

@@ -4,7 +4,7 @@ initial flat parameters DIR/params0.f32 (locus layout == state_dict order) on th
 DIR/x.f32 (+ labels.i32 or targets.f32) and writes DIR/params_final.f32 and DIR/losses.f64.
 
 The learning rate of each step is computed here from the schedule formula documented in
-lib/train/include/locus/train/schedule.hpp, independently of the C++ implementation.
+lib/train/include/locus/train/optim/schedule.hpp, independently of the C++ implementation.
 """
 import json
 import math

@@ -17,8 +17,8 @@
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
 #include "locus/io/publish.hpp"
-#include "locus/train/blas.hpp"
-#include "locus/train/model_file.hpp"
+#include "locus/train/model/blas.hpp"
+#include "locus/train/model/model_file.hpp"
 #include "pipeline.hpp"
 #include "quiet_wait.hpp"
 

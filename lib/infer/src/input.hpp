@@ -10,7 +10,7 @@
 #include "locus/comm/mpi.hpp"
 #include "locus/infer/infer.hpp"
 #include "locus/io/h5.hpp"
-#include "locus/train/model.hpp"
+#include "locus/train/model/model.hpp"
 
 namespace locus::infer::detail {
 

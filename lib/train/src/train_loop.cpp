@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "locus/comm/agree.hpp"
-#include "locus/train/clip.hpp"
-#include "locus/train/schedule.hpp"
+#include "locus/train/optim/clip.hpp"
+#include "locus/train/optim/schedule.hpp"
 #include "trainer_impl.hpp"
 
 namespace locus::train {

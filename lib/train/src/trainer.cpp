@@ -7,7 +7,7 @@
 #include "locus/comm/agree.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/file.hpp"
-#include "locus/train/blas.hpp"
+#include "locus/train/model/blas.hpp"
 #include "trainer_impl.hpp"
 
 namespace locus::train {

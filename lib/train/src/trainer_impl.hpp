@@ -9,8 +9,8 @@
 
 #include "locus/comm/reducer.hpp"
 #include "locus/train/compute.hpp"
-#include "locus/train/loader.hpp"
-#include "locus/train/pipeline.hpp"
+#include "locus/train/data/loader.hpp"
+#include "locus/train/pipeline/pipeline.hpp"
 #include "locus/train/trainer.hpp"
 
 namespace locus::train::detail {

@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "locus/train/forward.hpp"
-#include "locus/train/model.hpp"
+#include "locus/train/model/forward.hpp"
+#include "locus/train/model/model.hpp"
 
 namespace locus::infer {
 

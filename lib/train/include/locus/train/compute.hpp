@@ -9,8 +9,8 @@
 #include <span>
 #include <string_view>
 
-#include "locus/train/backward.hpp"
-#include "locus/train/loss.hpp"
+#include "locus/train/model/backward.hpp"
+#include "locus/train/model/loss.hpp"
 #include "locus/train/train_state.hpp"
 
 namespace locus::train {

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "locus/train/model.hpp"
-#include "locus/train/optimizer.hpp"
+#include "locus/train/model/model.hpp"
+#include "locus/train/optim/optimizer.hpp"
 
 namespace locus::train {
 

@@ -12,13 +12,13 @@
 
 #include "locus/comm/reducer.hpp"
 #include "locus/train/grid.hpp"
-#include "locus/train/loader.hpp"
-#include "locus/train/loss.hpp"
+#include "locus/train/data/loader.hpp"
+#include "locus/train/model/loss.hpp"
 #include "locus/train/metrics.hpp"
-#include "locus/train/model.hpp"
-#include "locus/train/optimizer.hpp"
-#include "locus/train/pipeline.hpp"
-#include "locus/train/schedule.hpp"
+#include "locus/train/model/model.hpp"
+#include "locus/train/optim/optimizer.hpp"
+#include "locus/train/pipeline/pipeline.hpp"
+#include "locus/train/optim/schedule.hpp"
 #include "locus/train/train_state.hpp"
 
 namespace locus::train {

@@ -1,0 +1,182 @@
+// Batch assembly: the residency decision, the initial load (collective), and filling a batch
+// from memory, from scattered file rows, or from the streamed window groups.
+#include "data/loader_feed.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "locus/comm/agree.hpp"
+
+namespace locus::train::detail {
+
+Feeder::Feeder(const mpi::Comm& comm, const LoaderOptions& opts)
+    : comm_(comm), opts_(opts), source_(comm, opts),
+      geo_(source_.rows(), static_cast<std::uint64_t>(std::max<std::int64_t>(opts.global_batch, 1)),
+           opts.drop_last, opts.shuffle, comm.rank(), comm.size()) {
+  try {
+    mpi::agree_on(comm_, [&] {
+      if (static_cast<std::uint64_t>(opts_.global_batch) > source_.rows()) {
+        throw ConfigError(fmt::format(
+            "global_batch = {} is larger than the {} rows of '{}'; lower the batch size",
+            opts_.global_batch, source_.rows(), source_.path()));
+      }
+      residency_ = choose_residency();
+      load();
+    });
+  } catch (const Error& e) {
+    // Agreed: every rank is here, so the collective close is safe.
+    if (!e.agreed()) {
+      source_.abandon();
+      throw;
+    }
+    try {
+      source_.close();
+    } catch (const Error&) {
+      source_.abandon();  // report the first error, not the close's
+    }
+    throw;
+  }
+}
+
+Residency Feeder::choose_residency() const {
+  const std::uint64_t row_bytes = cols() * sizeof(float) + (has_labels() ? 4 : 0);
+  const std::uint64_t budget_rows = opts_.memory_budget / row_bytes;
+  if (opts_.shuffle == Shuffle::global) {
+    // The all-gather counts rows in int.
+    const bool fits = geo_.rows() <= budget_rows && geo_.rows() <= INT_MAX;
+    return fits ? Residency::dataset : Residency::per_batch;
+  }
+  // Decided from the largest partition, so every rank decides alike (the load is collective).
+  return geo_.max_partition_rows() <= budget_rows ? Residency::partition : Residency::streamed;
+}
+
+void Feeder::load() {
+  const h5::RowRange part = geo_.partition();
+  const std::uint64_t c = cols();
+  switch (residency_) {
+    case Residency::partition:
+      mem_first_ = part.begin;
+      mem_x_.resize(part.count * c);
+      mem_y_.resize(has_labels() ? part.count : 0);
+      source_.read_range(part, mem_x_.data(), mem_y_.data());
+      break;
+    case Residency::dataset: {
+      mem_x_.resize(geo_.rows() * c);
+      mem_y_.resize(has_labels() ? geo_.rows() : 0);
+      source_.read_range(part, mem_x_.data() + part.begin * c,
+                         has_labels() ? mem_y_.data() + part.begin : nullptr);
+      // Every rank read its partition; the all-gather completes everybody's copy.
+      std::vector<int> counts, displs;
+      for (int r = 0; r < comm_.size(); ++r) {
+        const h5::RowRange p = h5::partition_rows(geo_.rows(), r, comm_.size());
+        counts.push_back(static_cast<int>(p.count));
+        displs.push_back(static_cast<int>(p.begin));
+      }
+      MPI_Datatype row = MPI_DATATYPE_NULL;
+      LOCUS_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(c), MPI_FLOAT, &row));
+      LOCUS_MPI_CHECK(MPI_Type_commit(&row));
+      const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mem_x_.data(),
+                                    counts.data(), displs.data(), row, comm_.get());
+      MPI_Type_free(&row);
+      LOCUS_MPI_CHECK(rc);
+      if (has_labels()) {
+        LOCUS_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mem_y_.data(),
+                                       counts.data(), displs.data(), MPI_INT32_T, comm_.get()));
+      }
+      break;
+    }
+    case Residency::streamed: {
+      // Two groups live at once: the one being served and the next one being read.
+      const std::uint64_t row_bytes = c * sizeof(float) + (has_labels() ? 4 : 0);
+      const std::uint64_t group_rows =
+          std::max<std::uint64_t>(1, opts_.memory_budget / row_bytes / 2);
+      streamer_.emplace(source_, part, group_rows, opts_.shuffle == Shuffle::local);
+      break;
+    }
+    case Residency::per_batch: break;
+  }
+}
+
+void Feeder::prepare(std::int64_t epoch) {
+  if (epoch == prepared_epoch_) return;
+  const auto e = static_cast<std::uint64_t>(epoch);
+  const h5::RowRange part = geo_.partition();
+  if (opts_.shuffle == Shuffle::global) {
+    perm_ = permutation(geo_.rows(), keyed_engine(opts_.seed, e, kGlobalDomain, geo_.rows()));
+  } else if (streamer_) {
+    streamer_->begin_epoch(opts_.seed, e);
+  } else if (opts_.shuffle == Shuffle::local) {
+    perm_ = permutation(part.count,
+                        keyed_engine(opts_.seed, e, kLocalDomain, part.begin, part.count));
+  }
+  prepared_epoch_ = epoch;
+}
+
+void Feeder::fill(std::int64_t epoch, std::int64_t step, BatchBuffer& out) {
+  prepare(epoch);
+  const StepSlice s = geo_.slice(static_cast<std::uint64_t>(step));
+  const std::uint64_t n = s.count;
+  out.x.resize(n * cols());
+  out.y.resize(has_labels() ? n : 0);
+  out.ids.resize(n);
+  if (residency_ == Residency::streamed) {
+    streamer_->fill(s.first, s.count, out);
+  } else {
+    const std::uint64_t base = geo_.partition().begin;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::uint64_t p = s.first + i;
+      switch (opts_.shuffle) {
+        case Shuffle::global: out.ids[i] = perm_[p]; break;
+        case Shuffle::local: out.ids[i] = base + perm_[p]; break;
+        case Shuffle::none: out.ids[i] = base + p; break;
+      }
+    }
+    if (residency_ == Residency::per_batch) {
+      read_scattered(out);
+    } else {
+      gather_memory(s, out);
+    }
+  }
+  out.batch.epoch = epoch;
+  out.batch.step = step;
+  out.batch.rows = static_cast<int>(n);
+  out.batch.global_rows = static_cast<int>(s.global_rows);
+  out.batch.x = out.x;
+  out.batch.y = out.y;
+  out.batch.sample_ids = out.ids;
+}
+
+void Feeder::copy_row(const float* x, const std::int32_t* y, std::uint64_t row,
+                      BatchBuffer& out, std::uint64_t i) const {
+  const std::uint64_t c = cols();
+  std::memcpy(out.x.data() + i * c, x + row * c, c * sizeof(float));
+  if (has_labels()) out.y[i] = y[row];
+}
+
+void Feeder::gather_memory(const StepSlice& s, BatchBuffer& out) {
+  for (std::uint64_t i = 0; i < s.count; ++i) {
+    copy_row(mem_x_.data(), mem_y_.data(), out.ids[i] - mem_first_, out, i);
+  }
+}
+
+void Feeder::read_scattered(BatchBuffer& out) {
+  const std::uint64_t n = out.ids.size();
+  sorted_.resize(n);
+  for (std::uint64_t i = 0; i < n; ++i) sorted_[i] = {out.ids[i], i};
+  std::sort(sorted_.begin(), sorted_.end());
+  std::vector<std::uint64_t> ids(n);
+  for (std::uint64_t k = 0; k < n; ++k) ids[k] = sorted_[k].first;
+  const std::vector<h5::RowRange> runs = coalesce(ids);
+  scratch_x_.resize(n * cols());
+  scratch_y_.resize(has_labels() ? n : 0);
+  if (n > 0) source_.read_runs(runs, scratch_x_.data(), scratch_y_.data());
+  // The read returns rows in file order; put each where the permutation wants it.
+  for (std::uint64_t k = 0; k < n; ++k) {
+    copy_row(scratch_x_.data(), scratch_y_.data(), k, out, sorted_[k].second);
+  }
+}
+
+}  // namespace locus::train::detail

@@ -1,0 +1,68 @@
+// The pipeline as the trainer's compute backend: a PipelineStage over a TrainState that holds
+// only the stage's layers, a gradient buffer of the same size and the optimizer applied to it.
+// Nothing here is whole-model sized: checkpoints and model files are written by the stages.
+#include <fmt/format.h>
+
+#include <optional>
+
+#include "locus/comm/agree.hpp"
+#include "locus/train/pipeline/pipeline.hpp"
+
+namespace locus::train {
+
+namespace {
+
+PipelineBatch pipeline_batch(const Batch& b) {
+  return PipelineBatch{b.x, b.rows, b.labels, b.targets, b.sample_ids};
+}
+
+// Collective over grid.world(): this rank's stage, or the same ConfigError, agreed, on every
+// rank (before the first collective that depends on it). The state must hold exactly the
+// stage's layers: a whole state would keep the full model on every rank.
+StageRange agreed_range(const Grid& grid, const Mlp& model, const PipelineOptions& o) {
+  std::optional<StageRange> r;
+  mpi::agree_on(grid.world(), [&] {
+    validate(o);
+    r = StagePartition(model.layout(), grid.pipeline_stages(), o.stage_boundaries)
+            .stage(grid.stage());
+    if (model.held() != r->held()) {
+      throw ConfigError(fmt::format(
+          "the training state of stage {} holds layers [{}, {}) but the stage trains layers "
+          "[{}, {}): build it as TrainState(spec, optimizer, StagePartition(...).stage({})."
+          "held())",
+          grid.stage(), model.held().first, model.held().end, r->first_layer, r->end_layer,
+          grid.stage()));
+    }
+  });
+  return *r;
+}
+
+}  // namespace
+
+PipelineCompute::PipelineCompute(const Grid& grid, TrainState& state, Loss loss,
+                                 const PipelineOptions& options)
+    : state_(state),
+      range_(agreed_range(grid, state.model, options)),
+      grads_(range_.size(), 0.0f) {
+  stage_ = std::make_unique<PipelineStage>(grid, state.model.spec(), loss, options,
+                                           StageBuffers{state.model.params(), grads_});
+}
+
+PipelineCompute::~PipelineCompute() = default;
+
+LossStats PipelineCompute::forward_backward(const Batch& batch, std::uint64_t step,
+                                            double grad_divisor, const GradsReadyFn&) {
+  return stage_->train_step(pipeline_batch(batch), step, grad_divisor);
+}
+
+double PipelineCompute::grad_norm() { return stage_->grad_norm(); }
+
+void PipelineCompute::optimizer_step(double lr, float grad_scale) {
+  state_.optimizer->step(state_.model.params(), grads_, lr, grad_scale);
+}
+
+LossStats PipelineCompute::evaluate(const Batch& batch) {
+  return stage_->evaluate(pipeline_batch(batch));
+}
+
+}  // namespace locus::train

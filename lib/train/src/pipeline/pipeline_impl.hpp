@@ -1,0 +1,121 @@
+// Private to lib/train: the state of one rank's pipeline engine, shared by its set-up and
+// transfers (pipeline_stage.cpp) and its step and evaluation loops (pipeline_step.cpp).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "locus/comm/error.hpp"
+#include "locus/comm/mpi.hpp"
+#include "locus/comm/reducer.hpp"
+#include "pipeline/pipeline_detail.hpp"
+
+namespace locus::train {
+
+using detail::ActivationSlot;
+
+namespace detail {
+
+using PipelineClock = std::chrono::steady_clock;
+
+inline double seconds_since(PipelineClock::time_point t) {
+  return std::chrono::duration<double>(PipelineClock::now() - t).count();
+}
+
+inline void wait(MPI_Request& r) {
+  if (r != MPI_REQUEST_NULL) LOCUS_MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
+}
+
+inline std::size_t sz(int a, int b) {
+  return static_cast<std::size_t>(a) * static_cast<std::size_t>(b);
+}
+
+// One communicator of our own (a dup of pp), so tags need only tell the streams apart; MPI's
+// non-overtaking rule matches each stream's messages to the receives in posting order.
+inline constexpr int kActivationTag = 1;
+inline constexpr int kGradientTag = 2;
+inline constexpr int kLabelTag = 3;
+inline constexpr int kTargetTag = 4;
+
+}  // namespace detail
+
+struct PipelineStage::Impl {
+  Impl(const Grid& grid, const ModelSpec& spec, Loss loss, const PipelineOptions& options,
+       StageBuffers buffers);
+
+  // Every call of a step or an evaluation.
+  void begin(const PipelineBatch& b, bool training, double grad_divisor);
+  void finish_sends();
+  LossStats share(const LossStats& local) const;
+
+  ActivationSlot& acquire(int m, bool training);
+  void release(int m);
+  void post_input(int m, bool training);
+  void forward_op(int m, int ahead, const PipelineBatch& b, bool training, std::uint64_t step);
+  void backward_op(int m, const PipelineBatch& b, bool last_backward, LossStats& stats);
+  // The loss of micro-batch m on the last stage; d(loss)/d(logits) into dlogits when given.
+  LossStats loss_of(int m, std::span<float> dlogits);
+
+  int rows_of(int m) const {
+    return offset[static_cast<std::size_t>(m) + 1] - offset[static_cast<std::size_t>(m)];
+  }
+  const float* input_of(int m, const PipelineBatch& b) {
+    if (stage == 0) {
+      return b.x.data() + detail::sz(offset[static_cast<std::size_t>(m)], model.input_width());
+    }
+    return by_mb[static_cast<std::size_t>(m)]->input.data();
+  }
+
+  ModelSpec spec;
+  Loss loss;
+  PipelineOptions opts;
+  ParamLayout layout;
+  StagePartition partition;
+  int stage = 0, stages = 1;
+  StageBuffers buffers;
+  detail::StageModel model;
+  mpi::Comm pp;
+  std::unique_ptr<comm::GradientReducer> reducer;
+  // This stage's schedule; next_forward[i]: the micro-batch of the first forward after op i
+  // (-1 if none), whose receive op i posts ahead.
+  std::vector<PipelineOp> ops;
+  std::vector<int> next_forward;
+
+  // Activation slots: allocated on demand, reused; by_mb maps a micro-batch to its slot.
+  std::vector<std::unique_ptr<ActivationSlot>> pool;
+  std::vector<ActivationSlot*> free_slots;
+  std::vector<ActivationSlot*> by_mb;
+  std::vector<std::size_t> slot_bytes;
+  std::size_t live_bytes = 0;
+  int live = 0;
+
+  // The current step or evaluation.
+  int rows = 0, micro = 1;
+  std::vector<int> offset;  // micro-batch m is rows [offset[m], offset[m+1])
+  std::vector<std::uint64_t> ids;
+  std::span<const std::uint64_t> ids_view;
+  bool has_labels = false, has_targets = false;
+  std::vector<std::int32_t> label_buf;
+  std::vector<float> target_buf;
+  std::span<const std::int32_t> labels;
+  std::span<const float> targets;
+  MPI_Request label_req = MPI_REQUEST_NULL, target_req = MPI_REQUEST_NULL;
+  std::vector<float> dlogits;
+  double divisor = 1.0;  // the step's grad_divisor (1 in evaluation)
+  struct SendBuffer {
+    std::vector<float> data;
+    MPI_Request req = MPI_REQUEST_NULL;
+  } dx_send[2];
+  int next_dx = 0;
+  bool accumulated = false;
+  PipelineStepStats cur, last_step;
+  std::size_t peak_bytes = 0;
+  int peak_live_count = 0;
+};
+
+}  // namespace locus::train

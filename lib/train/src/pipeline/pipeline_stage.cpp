@@ -1,0 +1,308 @@
+// The pipeline engine of one rank: runs its stage's schedule for a step, moving activations
+// and activation gradients to its neighbours with non-blocking sends into receives posted
+// ahead, accounting the activation memory it keeps, and streaming its gradient slice into the
+// data-parallel all-reduce during the step's last backward.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "locus/comm/agree.hpp"
+#include "locus/train/optim/clip.hpp"
+#include "locus/train/compute.hpp"
+#include "pipeline/pipeline_impl.hpp"
+
+namespace locus::train {
+
+using detail::kActivationTag;
+using detail::kGradientTag;
+using detail::kLabelTag;
+using detail::kTargetTag;
+using detail::seconds_since;
+using detail::sz;
+using detail::wait;
+using Clock = detail::PipelineClock;
+
+namespace {
+
+// Collective over grid.world(): the options, spec and partition checked on every rank with
+// one verdict.
+StagePartition checked_partition(const Grid& grid, const ModelSpec& spec,
+                                 const PipelineOptions& options, const StageBuffers& buffers) {
+  std::optional<StagePartition> p;
+  mpi::agree_on(grid.world(), [&] {
+    validate(spec);
+    validate(options);
+    p.emplace(ParamLayout(spec.widths), grid.pipeline_stages(), options.stage_boundaries);
+    const StageRange& r = p->stage(grid.stage());
+    LOCUS_ASSERT(buffers.params.size() == r.size() && buffers.grads.size() == r.size(),
+                 fmt::format("stage {} holds {} parameters but was given {} params and {} grads",
+                             grid.stage(), r.size(), buffers.params.size(), buffers.grads.size()));
+  });
+  return std::move(*p);
+}
+
+}  // namespace
+
+double PipelineStepStats::bubble_fraction() const noexcept {
+  return pipeline_s > 0 ? std::clamp(1.0 - busy_s / pipeline_s, 0.0, 1.0) : 0.0;
+}
+
+PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
+                          const PipelineOptions& options, StageBuffers b)
+    : spec(s),
+      loss(l),
+      opts(options),
+      layout(s.widths),
+      partition(checked_partition(grid, s, options, b)),
+      stage(grid.stage()),
+      stages(grid.pipeline_stages()),
+      buffers(b),
+      model(s, partition.stage(grid.stage()), b),
+      pp(grid.pp().dup()) {
+  comm::ReducerOptions ro = opts.reducer;
+  // Each micro-batch's loss divides by the GLOBAL batch: the sum over replicas is the mean.
+  ro.mode = comm::ReduceMode::presummed_average;
+  reducer = comm::make_gradient_reducer(grid.dp(), buffers.grads, ro);
+  ops = pipeline_ops(opts.schedule, stages, stage, opts.micro_batches);
+  next_forward.assign(ops.size(), -1);
+  int next = -1;
+  for (std::size_t i = ops.size(); i-- > 0;) {
+    next_forward[i] = next;
+    if (ops[i].kind == PipelineOp::forward) next = ops[i].micro_batch;
+  }
+}
+
+// Stage 0 tells the others the row count and the gradient divisor (and the sample ids when
+// dropout needs them, 8 bytes a row); the labels and targets go straight to the last stage.
+void PipelineStage::Impl::begin(const PipelineBatch& b, bool training, double grad_divisor) {
+  const bool dropout = training && spec.dropout > 0.0f;
+  // Integers (row counts) travel exactly as doubles.
+  double header[4] = {static_cast<double>(b.rows), b.labels.empty() ? 0.0 : 1.0,
+                      b.targets.empty() ? 0.0 : 1.0, grad_divisor};
+  if (stage == 0) {
+    const int in = layout.input_width(), out = layout.output_width();
+    LOCUS_ASSERT(
+        b.rows >= 0 && b.x.size() == sz(b.rows, in),
+        fmt::format("pipeline batch: {} features for {} rows of {}", b.x.size(), b.rows, in));
+    LOCUS_ASSERT(b.labels.empty() || b.labels.size() == static_cast<std::size_t>(b.rows),
+                 fmt::format("pipeline batch: {} labels for {} rows", b.labels.size(), b.rows));
+    LOCUS_ASSERT(
+        b.targets.empty() || b.targets.size() == sz(b.rows, out),
+        fmt::format("pipeline batch: {} targets for {} rows of {}", b.targets.size(), b.rows, out));
+    LOCUS_ASSERT(!dropout || b.sample_ids.size() == static_cast<std::size_t>(b.rows),
+                 "pipeline batch: dropout needs one sample id per row");
+    LOCUS_ASSERT(
+        loss == Loss::mse ? !b.targets.empty() || b.rows == 0 : !b.labels.empty() || b.rows == 0,
+        fmt::format("pipeline batch: the {} loss needs {}", to_string(loss),
+                    loss == Loss::mse ? "targets" : "labels"));
+  }
+  if (stages > 1) pp.bcast(std::span<double>(header), 0);
+  rows = static_cast<int>(header[0]);
+  has_labels = header[1] != 0;
+  has_targets = header[2] != 0;
+  divisor = header[3];
+  micro = opts.micro_batches;
+  offset.resize(static_cast<std::size_t>(micro) + 1);
+  for (int m = 0; m <= micro; ++m) {
+    offset[static_cast<std::size_t>(m)] =
+        static_cast<int>(static_cast<std::int64_t>(m) * rows / micro);
+  }
+  by_mb.assign(static_cast<std::size_t>(micro), nullptr);
+  slot_bytes.assign(static_cast<std::size_t>(micro), 0);
+  ids_view = {};
+  if (dropout) {
+    if (stages > 1) {
+      ids.resize(static_cast<std::size_t>(rows));
+      if (stage == 0) std::copy(b.sample_ids.begin(), b.sample_ids.end(), ids.begin());
+      pp.bcast(std::span<std::uint64_t>(ids), 0);
+      ids_view = ids;
+    } else {
+      ids_view = b.sample_ids;
+    }
+  }
+  labels = {};
+  targets = {};
+  if (stages == 1) {
+    labels = b.labels;
+    targets = b.targets;
+  } else if (stage == 0) {
+    const int last = stages - 1;
+    if (has_labels) {
+      LOCUS_MPI_CHECK(
+          MPI_Isend(b.labels.data(), rows, MPI_INT32_T, last, kLabelTag, pp.get(), &label_req));
+    }
+    if (has_targets) {
+      LOCUS_MPI_CHECK(MPI_Isend(b.targets.data(), static_cast<int>(b.targets.size()), MPI_FLOAT,
+                                last, kTargetTag, pp.get(), &target_req));
+    }
+  } else if (stage == stages - 1) {
+    if (has_labels) {
+      label_buf.resize(static_cast<std::size_t>(rows));
+      LOCUS_MPI_CHECK(
+          MPI_Irecv(label_buf.data(), rows, MPI_INT32_T, 0, kLabelTag, pp.get(), &label_req));
+      labels = label_buf;
+    }
+    if (has_targets) {
+      target_buf.resize(sz(rows, layout.output_width()));
+      LOCUS_MPI_CHECK(MPI_Irecv(target_buf.data(), static_cast<int>(target_buf.size()), MPI_FLOAT,
+                                0, kTargetTag, pp.get(), &target_req));
+      targets = target_buf;
+    }
+  }
+}
+
+ActivationSlot& PipelineStage::Impl::acquire(int m, bool training) {
+  ActivationSlot*& s = by_mb[static_cast<std::size_t>(m)];
+  if (s != nullptr) return *s;
+  if (free_slots.empty()) {
+    pool.push_back(std::make_unique<ActivationSlot>());
+    free_slots.push_back(pool.back().get());
+  }
+  s = free_slots.back();
+  free_slots.pop_back();
+  const std::size_t bytes =
+      model.prepare(*s, m, rows_of(m), stage > 0, training && stage + 1 < stages, training);
+  slot_bytes[static_cast<std::size_t>(m)] = bytes;
+  live_bytes += bytes;
+  ++live;
+  cur.peak_activation_bytes = std::max(cur.peak_activation_bytes, live_bytes);
+  cur.peak_live_micro_batches = std::max(cur.peak_live_micro_batches, live);
+  return *s;
+}
+
+void PipelineStage::Impl::release(int m) {
+  ActivationSlot*& s = by_mb[static_cast<std::size_t>(m)];
+  LOCUS_ASSERT(s != nullptr, fmt::format("micro-batch {} has no activations to release", m));
+  const auto t = Clock::now();
+  wait(s->send_output);  // long done by now: the next stage has sent its gradient back
+  cur.wait_s += seconds_since(t);
+  LOCUS_ASSERT(s->recv_input == MPI_REQUEST_NULL && s->recv_grad == MPI_REQUEST_NULL,
+               "an activation slot was released with a receive pending");
+  live_bytes -= slot_bytes[static_cast<std::size_t>(m)];
+  --live;
+  free_slots.push_back(s);
+  s = nullptr;
+}
+
+// Posts the receive of micro-batch m's input activations (stages after the first), once.
+void PipelineStage::Impl::post_input(int m, bool training) {
+  if (stage == 0 || m < 0 || by_mb[static_cast<std::size_t>(m)] != nullptr) return;
+  ActivationSlot& s = acquire(m, training);
+  LOCUS_MPI_CHECK(MPI_Irecv(s.input.data(), static_cast<int>(sz(s.rows, model.input_width())),
+                            MPI_FLOAT, stage - 1, kActivationTag, pp.get(), &s.recv_input));
+}
+
+void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, bool training,
+                                     std::uint64_t step) {
+  post_input(m, training);
+  post_input(ahead, training);  // one ahead: its data lands while m computes
+  ActivationSlot& s = acquire(m, training);
+  auto t = Clock::now();
+  wait(s.recv_input);
+  cur.wait_s += seconds_since(t);
+  t = Clock::now();
+  const std::size_t first = static_cast<std::size_t>(offset[static_cast<std::size_t>(m)]);
+  const DropoutKey key{step, ids_view.empty()
+                                 ? ids_view
+                                 : ids_view.subspan(first, static_cast<std::size_t>(s.rows))};
+  model.forward(input_of(m, b), s, training, key);
+  cur.busy_s += seconds_since(t);
+  if (stage + 1 < stages) {
+    const std::span<const float> y = model.output(s);
+    LOCUS_MPI_CHECK(MPI_Isend(y.data(), static_cast<int>(y.size()), MPI_FLOAT, stage + 1,
+                              kActivationTag, pp.get(), &s.send_output));
+    if (training) {
+      LOCUS_MPI_CHECK(MPI_Irecv(s.grad_in.data(), static_cast<int>(y.size()), MPI_FLOAT, stage + 1,
+                                kGradientTag, pp.get(), &s.recv_grad));
+    }
+  }
+}
+
+LossStats PipelineStage::Impl::loss_of(int m, std::span<float> dlogits_out) {
+  if (label_req != MPI_REQUEST_NULL || target_req != MPI_REQUEST_NULL) {
+    const auto t = Clock::now();
+    wait(label_req);
+    wait(target_req);
+    cur.wait_s += seconds_since(t);
+  }
+  ActivationSlot& s = *by_mb[static_cast<std::size_t>(m)];
+  const int classes = layout.output_width();
+  const auto first = static_cast<std::size_t>(offset[static_cast<std::size_t>(m)]);
+  const auto n = static_cast<std::size_t>(s.rows);
+  const std::span<const float> logits = model.output(s);
+  const auto lab = labels.empty() ? labels : labels.subspan(first, n);
+  LossStats st;
+  if (loss == Loss::softmax_cross_entropy) {
+    st = softmax_cross_entropy(logits, s.rows, classes, lab, dlogits_out, divisor);
+  } else {
+    st = mean_squared_error(logits, s.rows, classes, targets.subspan(first * classes, n * classes),
+                            dlogits_out, divisor);
+    if (!lab.empty()) st.correct = count_correct(logits, s.rows, classes, lab);
+  }
+  return st;
+}
+
+void PipelineStage::Impl::backward_op(int m, const PipelineBatch& b, bool last_backward,
+                                      LossStats& stats) {
+  ActivationSlot& s = *by_mb[static_cast<std::size_t>(m)];
+  float* g = nullptr;
+  auto t = Clock::now();
+  if (stage + 1 == stages) {
+    dlogits.resize(std::max(dlogits.size(), sz(s.rows, layout.output_width())));
+    const LossStats st =
+        loss_of(m, std::span<float>(dlogits).first(sz(s.rows, layout.output_width())));
+    stats.loss_sum += st.loss_sum;
+    stats.correct += st.correct;
+    stats.rows += st.rows;
+    g = dlogits.data();
+  } else {
+    wait(s.recv_grad);
+    cur.wait_s += seconds_since(t);
+    g = s.grad_in.data();
+  }
+  float* dx = nullptr;
+  SendBuffer& out = dx_send[next_dx];
+  if (stage > 0) {
+    t = Clock::now();
+    wait(out.req);  // sent two backwards ago
+    cur.wait_s += seconds_since(t);
+    out.data.resize(std::max(out.data.size(), sz(s.rows, model.input_width())));
+    dx = out.data.data();
+  }
+  // The step's last backward announces each layer's final gradient to the all-reduce.
+  const std::function<void(int)> ready = [&](int l) {
+    reducer->ready_from(layout.layer(l).begin() - model.range().begin);
+  };
+  t = Clock::now();
+  model.backward(input_of(m, b), s, g, accumulated, dx,
+                 last_backward ? ready : std::function<void(int)>());
+  cur.busy_s += seconds_since(t);
+  accumulated = true;
+  if (stage > 0) {
+    LOCUS_MPI_CHECK(MPI_Isend(dx, static_cast<int>(sz(s.rows, model.input_width())), MPI_FLOAT,
+                              stage - 1, kGradientTag, pp.get(), &out.req));
+    next_dx ^= 1;
+  }
+  release(m);
+}
+
+void PipelineStage::Impl::finish_sends() {
+  const auto t = Clock::now();
+  for (SendBuffer& b : dx_send) wait(b.req);
+  wait(label_req);
+  wait(target_req);
+  cur.wait_s += seconds_since(t);
+}
+
+LossStats PipelineStage::Impl::share(const LossStats& local) const {
+  if (stages == 1) return local;
+  double v[3] = {local.loss_sum, static_cast<double>(local.correct),
+                 static_cast<double>(local.rows)};
+  pp.bcast(std::span<double>(v), stages - 1);
+  return {v[0], static_cast<std::int64_t>(v[1]), static_cast<std::int64_t>(v[2])};
+}
+
+}  // namespace locus::train
