@@ -64,3 +64,24 @@ function(locus_add_script_test name)
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} PROCESSORS ${T_PROCESSORS}
                        LABELS "${T_LABELS}" ENVIRONMENT "${LOCUS_TEST_ENV};LOCUS_MPIEXEC=${LOCUS_MPIEXEC}")
 endfunction()
+
+# locus_add_gpu_test(name SOURCES ... [LIBS ...] [RANKS n ...] [TIMEOUT s])
+# A test of the CUDA backend (label gpu), built only with LOCUS_WITH_CUDA. Without a usable
+# device its cases call GTEST_SKIP with the reason, and ctest reports the test as skipped
+# (not passed). With RANKS it is an MPI test (the MPI test main) at those rank counts.
+function(locus_add_gpu_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;RANKS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  if(T_RANKS)
+    locus_add_mpi_test(${name} SOURCES ${T_SOURCES} LIBS ${T_LIBS} RANKS ${T_RANKS}
+                       LABELS gpu TIMEOUT ${T_TIMEOUT})
+    foreach(np IN LISTS T_RANKS)
+      set_tests_properties(${name}.np${np} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+    endforeach()
+  else()
+    locus_add_test(${name} SOURCES ${T_SOURCES} LIBS ${T_LIBS} LABELS gpu TIMEOUT ${T_TIMEOUT})
+    set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+  endif()
+endfunction()

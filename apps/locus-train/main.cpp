@@ -27,6 +27,26 @@ namespace {
 using namespace locus;
 
 // Prints on world rank 0 (the Checkpointer calls it there only).
+// Collective over comm: every rank's line, in rank order, on rank 0 (empty elsewhere).
+std::vector<std::string> gather_lines(const mpi::Comm& comm, const std::string& line) {
+  const int length = static_cast<int>(line.size());
+  std::vector<int> lengths(static_cast<std::size_t>(comm.size()));
+  LOCUS_MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm.get()));
+  std::vector<int> offsets(lengths.size(), 0);
+  for (std::size_t r = 1; r < lengths.size(); ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::string all(comm.is_root() ? static_cast<std::size_t>(offsets.back() + lengths.back()) : 0,
+                  '\0');
+  LOCUS_MPI_CHECK(MPI_Gatherv(line.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                              offsets.data(), MPI_CHAR, 0, comm.get()));
+  std::vector<std::string> out;
+  if (!comm.is_root()) return out;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    out.push_back(all.substr(static_cast<std::size_t>(offsets[r]),
+                             static_cast<std::size_t>(lengths[r])));
+  }
+  return out;
+}
+
 void say(const std::string& line) {
   std::fputs((line + "\n").c_str(), stdout);
   std::fflush(stdout);
@@ -77,6 +97,13 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   observers.add(&metrics);
   observers.add(&progress);
   progress.header(*trainer);
+  if (opts.compute.backend != "cpu") {
+    // Collective over world: which device every rank computes on, printed by rank 0.
+    const std::vector<std::string> devices = gather_lines(world, trainer->compute_description());
+    for (std::size_t r = 0; r < devices.size(); ++r) {
+      say(fmt::format("  rank {}: {}", r, devices[r]));
+    }
+  }
   if (resumed.resumed && world.is_root()) {
     const train::CheckpointMeta& m = resumed.meta;
     say(fmt::format("resumed from {}: step {} of {} (epoch {}, {} samples into it)",

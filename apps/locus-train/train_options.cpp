@@ -65,8 +65,19 @@ void TrainSettings::register_options(Config& c) {
   c.add("train.batch", batch, "global batch: samples per step over all data-parallel ranks",
         in_range(std::int64_t{1}, std::int64_t{1} << 24));
   c.add("train.threads", threads, "BLAS threads per rank", in_range(std::int64_t{1}, 256));
-  c.add_choice("train.backend", backend, {"cpu"},
-               "compute backend (cpu: OpenBLAS; a GPU backend is planned)");
+  c.add_choice("train.backend", backend, {"cpu", "cuda"},
+               "compute backend (cpu: OpenBLAS; cuda: one GPU per rank, cuBLASLt and fused "
+               "kernels, in builds with CUDA)");
+  c.add_choice("train.precision", precision, {"fp32", "tf32", "bf16"},
+               "matrix-product arithmetic on the GPU (fp32: as the CPU; tf32: tensor cores "
+               "with 10-bit mantissas; bf16: bf16 operands, fp32 accumulation and master "
+               "weights); the cpu backend takes fp32 only");
+  c.add("train.device", device,
+        "cuda: the GPU of this rank (-1: the node-local rank modulo the visible devices)",
+        in_range(std::int64_t{-1}, std::int64_t{1023}));
+  c.add("train.graphs", graphs,
+        "cuda: capture each step shape once into a CUDA graph and replay it (false: launch "
+        "kernel by kernel)");
   c.add("train.pipeline_stages", pipeline_stages,
         "pipeline stages: the layers are cut into this many stages on consecutive ranks; "
         "ranks = data-parallel x stages (the stage count must divide the ranks)",
@@ -105,6 +116,11 @@ void TrainSettings::register_options(Config& c) {
   c.add("loader.memory_budget_mb", memory_budget_mb, "MiB of samples a rank may keep in memory",
         in_range(std::int64_t{1}, std::int64_t{1} << 30));
   c.add("loader.drop_last", drop_last, "drop each epoch's last partial batch");
+  c.add("loader.device_cache_mb", device_cache_mb,
+        "cuda: MiB of GPU memory for this rank's training partition; when the partition fits "
+        "it is copied to the GPU once and batches are gathered there (0: stream every batch "
+        "from pinned host memory)",
+        in_range(std::int64_t{0}, std::int64_t{1} << 30));
   c.add("loader.background", background,
         "read ahead on a producer thread (false: read inside the step, on the training thread)");
   c.add("eval.batch", eval_batch, "global rows per evaluation batch",
@@ -229,7 +245,11 @@ train::TrainOptions TrainSettings::to_options() const {
   o.pipeline_schedule = train::parse_pipeline_schedule(pipeline_schedule);
   o.stage_boundaries = train::parse_stage_boundaries(stage_boundaries);
   o.threads = static_cast<int>(threads);
-  o.backend = backend;
+  o.compute.backend = backend;
+  o.compute.precision = train::parse_precision(precision);
+  o.compute.device = static_cast<int>(device);
+  o.compute.graphs = graphs;
+  o.device_cache_bytes = static_cast<std::uint64_t>(device_cache_mb) << 20;
   o.reducer.bucket_bytes = static_cast<std::size_t>(bucket_kb) << 10;
   train::validate(o);
   return o;

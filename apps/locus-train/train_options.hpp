@@ -28,7 +28,9 @@ struct TrainSettings {
   std::int64_t warmup_steps = 0, step_size = 1000;
   double clip_max_norm = 0.0;
   // [train]
-  std::string loss = "cross_entropy", backend = "cpu";
+  std::string loss = "cross_entropy", backend = "cpu", precision = "fp32";
+  std::int64_t device = -1, device_cache_mb = 0;
+  bool graphs = true;
   std::int64_t epochs = 12, max_steps = 0, batch = 128, threads = 1, pipeline_stages = 1;
   std::int64_t micro_batches = 1;
   std::string pipeline_schedule = "1f1b", stage_boundaries;

@@ -1,7 +1,8 @@
 // loader_wait_bench: the loader's data wait in isolation. Each rank takes batches of a dataset
 // from train::Loader and "computes" on each for a fixed time (a busy loop standing in for a
 // training step), and reports how long next() waited: per-step median/p90/p99 and the share
-// of the loop. Background producer vs synchronous reads, any prefetch depth.
+// of the loop, and how many batches next() gathered itself (ring empty, data in memory).
+// Background producer vs synchronous reads, any prefetch depth.
 //   mpirun -n 2 loader_wait_bench FILE [--batch 128 (per rank)] [--prefetch 4]
 //          [--background 1] [--step-ms 1.4] [--epochs 2] [--shuffle global|local]
 #include <algorithm>
@@ -78,10 +79,11 @@ int run(mpi::Comm& world, int argc, char** argv) {
   double sum = 0;
   for (const double w : waits) sum += w;
   std::printf("rank %d: %zu steps, %s, prefetch %ld, step %.2f ms: wait median %.3f p90 %.3f "
-              "p99 %.3f ms, total %.1f ms = %.2f%% of the loop\n",
-              world.rank(), waits.size(), o.background && loader.threaded() ? "producer thread" : "synchronous",
-              a.prefetch, a.step_ms, quantile(waits, 0.5), quantile(waits, 0.9),
-              quantile(waits, 0.99), sum, 100.0 * sum / 1e3 / total);
+              "p99 %.3f ms, total %.1f ms = %.2f%% of the loop; %lld batches gathered by next()\n",
+              world.rank(), waits.size(),
+              o.background && loader.threaded() ? "producer thread" : "synchronous", a.prefetch,
+              a.step_ms, quantile(waits, 0.5), quantile(waits, 0.9), quantile(waits, 0.99), sum,
+              100.0 * sum / 1e3 / total, static_cast<long long>(loader.consumer_batches()));
   return 0;
 }
 

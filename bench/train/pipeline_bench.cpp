@@ -123,7 +123,7 @@ StateBytes measure_state(const Grid& g, const ModelSpec& spec) {
   PipelineCompute compute(g, state, Loss::softmax_cross_entropy, PipelineOptions{});
   b.heap = heap_bytes() - before;
   b.params = state.model.params().size_bytes();
-  b.grads = compute.grads().size_bytes();
+  b.grads = compute.grads().size * sizeof(float);
   for (const auto& s : std::as_const(*state.optimizer).state()) {
     b.optimizer += s.data.size_bytes();
   }

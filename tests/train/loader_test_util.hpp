@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -91,6 +93,20 @@ inline Epoch record(train::Loader& l, std::int64_t epoch, std::int64_t first_ste
       if (l.has_labels()) {
         EXPECT_EQ(b->y[i], label_at(id)) << "row " << id;
       }
+    }
+    // In memory each row also names its row of resident(), which holds the same features.
+    const train::ResidentData res = l.resident();
+    EXPECT_EQ(b->resident_rows.size(), res.x.empty() ? 0u : n);
+    for (std::uint64_t i = 0; i < b->resident_rows.size(); ++i) {
+      const std::int64_t r = b->resident_rows[i];
+      if (r < 0 || r >= res.rows) {
+        ADD_FAILURE() << "resident row " << r << " outside [0, " << res.rows << ")";
+        continue;
+      }
+      const auto at = static_cast<std::uint64_t>(r) * cols;
+      EXPECT_TRUE(std::equal(res.x.begin() + static_cast<std::ptrdiff_t>(at),
+                             res.x.begin() + static_cast<std::ptrdiff_t>(at + cols),
+                             b->x.begin() + static_cast<std::ptrdiff_t>(i * cols)));
     }
     e.ids.emplace_back(b->sample_ids.begin(), b->sample_ids.end());
     e.global_rows.push_back(b->global_rows);

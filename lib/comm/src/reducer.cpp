@@ -14,6 +14,12 @@
 
 namespace locus::comm {
 
+std::span<float> GradientBuffer::host() const {
+  LOCUS_ASSERT(space == MemorySpace::host,
+               "a device gradient buffer was bound where host memory is needed");
+  return {data, size};
+}
+
 namespace {
 
 constexpr std::size_t min_chunk_bytes = 1024;

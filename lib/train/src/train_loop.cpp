@@ -37,25 +37,28 @@ Mark Trainer::Impl::mark() const {
               loader ? loader->wait_seconds() : 0.0};
 }
 
-LossStats Trainer::Impl::step(const LoadedBatch& b) {
+void Trainer::Impl::step(const LoadedBatch& b) {
   LOCUS_ASSERT(b.epoch == state.epoch && b.step == state.step_in_epoch,
                fmt::format("the loader handed out batch (epoch {}, step {}) where the trainer "
                            "expected (epoch {}, step {})",
                            b.epoch, b.step, state.epoch, state.step_in_epoch));
-  const LossStats stats =
-      compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
-                                static_cast<double>(b.global_rows), on_grads_ready);
+  compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
+                            static_cast<double>(b.global_rows), on_grads_ready);
   if (reducer) reducer->finish();  // the pipeline engine completes its own
-  float scale = 1.0f;
-  if (opts.clip_max_norm > 0) {
-    last_norm = compute->grad_norm();
-    scale = clip_factor(last_norm, opts.clip_max_norm);
-  }
   last_lr = learning_rate(opts.schedule, state.step);
-  compute->optimizer_step(last_lr, scale);
+  compute->optimizer_step(last_lr, opts.clip_max_norm);
   ++state.step;
   ++state.step_in_epoch;
-  return stats;
+}
+
+void Trainer::Impl::collect(Running& run, Sums& epoch) {
+  drained.clear();
+  compute->drain_stats(drained);
+  for (const LossStats& s : drained) {
+    run.interval.add(s);
+    run.total.add(s);
+    epoch.add(s);
+  }
 }
 
 StepMetrics Trainer::Impl::interval(const Mark& since, const Sums& local) {
@@ -70,7 +73,7 @@ StepMetrics Trainer::Impl::interval(const Mark& since, const Sums& local) {
   m.loss = ratio(all.loss, all.rows);
   m.accuracy = ratio(all.correct, all.rows);
   m.lr = last_lr;
-  m.grad_norm = last_norm;
+  m.grad_norm = compute->last_grad_norm();
   m.seconds = seconds_between(since.time, now.time);
   m.samples_per_s = ratio(all.rows, m.seconds);
   m.allreduce_s = now.comm_s - since.comm_s;
@@ -112,15 +115,17 @@ Sums Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObs
     const LoadedBatch* b = next_batch();
     LOCUS_ASSERT(b != nullptr, fmt::format("the loader ended epoch {} after {} of {} steps",
                                            state.epoch, state.step_in_epoch, steps_per_epoch));
-    const LossStats s = step(*b);
-    run.interval.add(s);
-    run.total.add(s);
-    epoch.add(s);
-    if (opts.log_every > 0 && state.step % opts.log_every == 0) close_interval(run, obs);
+    step(*b);
+    // A device backend keeps the steps' loss sums until asked: once per interval, not per step.
+    if (opts.log_every > 0 && state.step % opts.log_every == 0) {
+      collect(run, epoch);
+      close_interval(run, obs);
+    }
     // The boundaries that end the epoch or the run come after end_epoch (see train()).
     const bool ends_epoch = state.step_in_epoch == steps_per_epoch || state.step == planned_steps;
     if (!ends_epoch && boundary(run, false)) break;
   }
+  collect(run, epoch);
   return epoch;
 }
 
@@ -165,6 +170,7 @@ TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
   const std::int64_t limit =
       stop_at_step >= 0 ? std::min(stop_at_step, m.planned_steps) : m.planned_steps;
 
+  m.load_state();
   const Mark start = m.mark();
   Impl::Running run;
   run.interval_start = start;
@@ -199,6 +205,9 @@ TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
   return summary;
 }
 
-EvalMetrics Trainer::evaluate() { return impl_->evaluate(); }
+EvalMetrics Trainer::evaluate() {
+  impl_->load_state();
+  return impl_->evaluate();
+}
 
 }  // namespace locus::train

@@ -103,6 +103,12 @@ PipelineOptions pipeline_options(const TrainOptions& o) {
 }  // namespace
 
 void validate(const TrainOptions& o) {
+  validate(o.compute);
+  require(o.device_cache_bytes == 0,
+          fmt::format("loader.device_cache_mb = {}: the GPU-resident dataset cache is not in this "
+                      "version yet; set loader.device_cache_mb = 0 (batches stream from host "
+                      "memory)",
+                      o.device_cache_bytes >> 20));
   validate(o.model);
   validate(o.optimizer);
   require(o.pipeline_stages >= 1,
@@ -183,22 +189,39 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     validate(opts.schedule);
   });
   if (pipelined) {
+    // The pipeline engine computes its stages on the CPU (until its stages run on the
+    // backends' layer operations): say so rather than ignore train.backend.
+    mpi::agree_on(g.world(), [&] {
+      require(opts.compute.backend == "cpu" && opts.compute.precision == Precision::fp32,
+              fmt::format("train.backend = {} (train.precision = {}) with train.pipeline_stages "
+                          "= {} and train.micro_batches = {}: pipeline stages and micro-batches "
+                          "run on the cpu backend only in this version; use train.backend = "
+                          "cpu, or pipeline_stages = micro_batches = 1 on the GPU",
+                          opts.compute.backend, to_string(opts.compute.precision),
+                          opts.pipeline_stages, opts.micro_batches));
+    });
     auto p = std::make_unique<PipelineCompute>(g, state, opts.loss, pipeline_options(opts));
     pipeline = p.get();
     compute = std::move(p);
     return;
   }
-  compute = make_compute(opts.backend, state, opts.loss);
+  mpi::agree_on(g.world(), [&] { compute = make_compute(opts.compute, g.world(), state, opts.loss); });
   comm::ReducerOptions ro = opts.reducer;
   // Each rank's loss already divides by the GLOBAL batch (loss.hpp), so the plain sum over
   // ranks is the gradient of the global-batch mean: no division pass.
   ro.mode = comm::ReduceMode::presummed_average;
-  reducer = comm::make_gradient_reducer(g.dp(), compute->grads(), ro);
+  reducer = detail::make_reducer(compute->grads(), g.dp(), ro);
   on_grads_ready = [this](int l) { reducer->ready_from(state.model.layout().layer(l).begin()); };
 }
 
 const comm::ReducerStats& Trainer::Impl::reduce_stats() const {
   return pipeline != nullptr ? pipeline->stage().reducer().stats() : reducer->stats();
+}
+
+void Trainer::Impl::load_state() {
+  if (!host_dirty) return;
+  compute->sync_from_host();
+  host_dirty = false;
 }
 
 const LoadedBatch* Trainer::Impl::next_batch() {
@@ -262,13 +285,18 @@ Trainer::Trainer(const Grid& grid, TrainOptions options)
     : impl_(std::make_unique<Impl>(grid, std::move(options))) {}
 Trainer::~Trainer() = default;
 
-TrainState& Trainer::state() noexcept { return impl_->state; }
+TrainState& Trainer::state() noexcept {
+  impl_->host_dirty = true;  // the caller may write it: the backend reloads it before use
+  return impl_->state;
+}
 const TrainState& Trainer::state() const noexcept { return impl_->state; }
 const TrainState& Trainer::synced_state() {
-  impl_->compute->sync_to_host();
+  // A state written since the backend last loaded it is newer than the backend's copy.
+  if (!impl_->host_dirty) impl_->compute->sync_to_host();
   return impl_->state;
 }
 const TrainOptions& Trainer::options() const noexcept { return impl_->opts; }
+std::string Trainer::compute_description() const { return impl_->compute->describe(); }
 const Grid& Trainer::grid() const noexcept { return impl_->grid; }
 std::int64_t Trainer::steps_per_epoch() const noexcept { return impl_->steps_per_epoch; }
 std::int64_t Trainer::planned_steps() const noexcept { return impl_->planned_steps; }

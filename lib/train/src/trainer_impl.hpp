@@ -34,6 +34,12 @@ struct Mark {
   double comm_s = 0, blocked_s = 0, wait_s = 0;
 };
 
+// The gradient reducer for a backend's buffer over dp: the MPI reducer on host memory; on
+// device memory the host-staged one of the CUDA backend. Collective over dp.
+std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& grads,
+                                                    const mpi::Comm& dp,
+                                                    const comm::ReducerOptions& options);
+
 }  // namespace locus::train::detail
 
 namespace locus::train {
@@ -44,8 +50,12 @@ struct Trainer::Impl {
   // Collective over dp: sums of every rank.
   detail::Sums reduce(detail::Sums local) const;
   detail::Mark mark() const;
-  // One training step on this rank's rows of a global batch.
-  LossStats step(const LoadedBatch& b);
+  // One training step on this rank's rows of a global batch (its loss sums stay with the
+  // backend until collect()).
+  void step(const LoadedBatch& b);
+  // Loads the TrainState into the backend when it may have changed since the backend last
+  // had it (state() was handed out mutable): the host copy is authoritative between calls.
+  void load_state();
   // The batch the backend sees (one-hot targets for mse).
   Batch batch_of(const LoadedBatch& b);
   // Collective over dp: interval metrics from `since` to now, given its local sums.
@@ -71,6 +81,9 @@ struct Trainer::Impl {
   };
   // Calls the hook (if any) at the boundary after the current step; true when it stops.
   bool boundary(Running& run, bool epoch_end);
+  // Adds the loss sums of the steps since the last call (fetched from the backend) to the
+  // interval, the run's total and `epoch`, in step order.
+  void collect(Running& run, detail::Sums& epoch);
   // Reports the interval since run.interval_start, if it has steps.
   void close_interval(Running& run, TrainObserver& obs);
   // Trains state.epoch from state.step_in_epoch to its end or to step `limit`; returns the
@@ -101,7 +114,9 @@ struct Trainer::Impl {
   std::unique_ptr<comm::GradientReducer> reducer;  // not pipelined (the stage has its own)
   GradsReadyFn on_grads_ready;
   std::vector<float> targets;  // mse: one-hot labels of the current batch
-  double last_lr = 0, last_norm = -1;
+  double last_lr = 0;
+  std::vector<LossStats> drained;  // collect()'s buffer
+  bool host_dirty = true;  // state() was handed out mutable since the backend loaded it
 };
 
 }  // namespace locus::train

@@ -110,6 +110,7 @@ std::string meta_text(const CheckpointMeta& m) {
   line("pipeline_stages", m.pipeline_stages);
   line("tool_version", m.tool_version);
   line("git_revision", m.git_revision);
+  if (!m.compute.empty()) line("compute", m.compute);
   line("created", m.created);
   line("widths", format_widths(m.model.widths));
   line("activation", to_string(m.model.activation));
@@ -156,6 +157,7 @@ void write_meta(hid_t root, const CheckpointMeta& m) {
   h5::write_attr(root, "pipeline_stages", m.pipeline_stages);
   h5::write_attr(root, "tool_version", m.tool_version);
   h5::write_attr(root, "git_revision", m.git_revision);
+  if (!m.compute.empty()) h5::write_attr(root, "compute", m.compute);
   h5::write_attr(root, "created", m.created);
   h5::write_attr(root, "digest", "crc32");
   // Written last: a reader that finds it knows every other attribute was written.
@@ -218,6 +220,7 @@ CheckpointMeta read_meta(h5::File& file) {
   m.pipeline_stages = i64("pipeline_stages");
   m.tool_version = str("tool_version");
   m.git_revision = str("git_revision");
+  if (h5::has_attr(root, "compute")) m.compute = str("compute");
   m.created = dbl("created");
   if (!h5::exists(root, "/model")) {
     throw DataError(fmt::format("checkpoint '{}' has no /model group: it is incomplete or "

@@ -125,6 +125,13 @@ std::vector<std::string> resume_notes(const CheckpointMeta& m, const Trainer& tr
     notes.push_back(fmt::format("the training set moved: '{}' then, '{}' now (same data)",
                                 m.dataset.path, dataset.path));
   }
+  const std::string compute = trainer.compute_description();
+  if (!m.compute.empty() && m.compute != compute) {
+    notes.push_back(fmt::format("written by {}, continuing on {}: the run goes on, but it is "
+                                "bitwise equal to an uninterrupted one only on the same backend, "
+                                "precision, device kind and library versions",
+                                m.compute, compute));
+  }
   if (m.total_steps != trainer.options().schedule.total_steps) {
     notes.push_back(fmt::format("the schedule's horizon changed from {} to {} steps",
                                 m.total_steps, trainer.options().schedule.total_steps));

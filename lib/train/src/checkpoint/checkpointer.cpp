@@ -92,6 +92,7 @@ CheckpointMeta Checkpointer::Impl::meta_now() {
   m.pipeline_stages = trainer.grid().pipeline_stages();
   m.tool_version = LOCUS_VERSION;
   m.git_revision = LOCUS_GIT_REVISION;
+  m.compute = compute_description;
   double now = static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
                    std::chrono::system_clock::now().time_since_epoch()).count()) / 1000.0;
   comm.bcast(std::span<double>(&now, 1));  // attributes are written alike by every rank
@@ -200,6 +201,7 @@ Checkpointer::Checkpointer(Trainer& trainer, CheckpointOptions options, std::str
     if (!lock_.warning().empty()) m.say(lock_.warning());
   }
   m.config_hash = detail::hex64(detail::fnv1a(m.config));
+  m.compute_description = m.comm.bcast(trainer.compute_description());
   m.dataset = dataset_identity(m.comm, trainer.options().data.path);
 }
 

@@ -33,6 +33,7 @@ struct Checkpointer::Impl {
   Trainer& trainer;
   CheckpointOptions opts;
   std::string config, config_hash;
+  std::string compute_description;  // rank 0's backend, written into every checkpoint
   Log log;
   mpi::Comm comm;         // agreed flags and synchronous saves (main thread)
   mpi::Comm writer_comm;  // background saves (writer thread only)

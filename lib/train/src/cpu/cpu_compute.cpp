@@ -1,43 +1,54 @@
-// The CPU compute backend (OpenBLAS sgemm + the fused kernels of lib/train), training the
-// TrainState's buffers in place, and the backend factory.
-#include <fmt/format.h>
+// The CPU compute backend (OpenBLAS sgemm + the fused kernels of src/model), training the
+// TrainState's buffers in place: nothing is deferred, nothing to sync.
+#include "cpu/cpu_compute.hpp"
 
 #include <algorithm>
 #include <optional>
 #include <vector>
 
-#include "locus/comm/error.hpp"
-#include "locus/train/optim/clip.hpp"
-#include "locus/train/compute.hpp"
 #include "locus/train/model/forward.hpp"
+#include "locus/train/optim/clip.hpp"
 
-namespace locus::train {
+namespace locus::train::detail {
 
 namespace {
 
 class CpuCompute final : public Compute {
  public:
   CpuCompute(TrainState& state, Loss loss)
-      : state_(state), loss_(loss), grads_(state.model.layout().size()) {}
+      : state_(state), loss_(loss), grads_(state.model.params().size()) {}
 
   std::string_view name() const noexcept override { return "cpu"; }
-  std::span<float> grads() noexcept override { return grads_; }
+  std::string describe() const override { return "cpu (OpenBLAS)"; }
+  comm::GradientBuffer grads() noexcept override {
+    return {grads_.data(), grads_.size(), comm::MemorySpace::host, nullptr};
+  }
 
-  LossStats forward_backward(const Batch& batch, std::uint64_t step, double grad_divisor,
-                             const GradsReadyFn& on_grads_ready) override {
+  void forward_backward(const Batch& batch, std::uint64_t step, double grad_divisor,
+                        const GradsReadyFn& on_grads_ready) override {
     Workspace& ws = workspace(train_ws_, batch.rows, Mode::training);
     LossStats stats = train::forward_backward(state_.model, ws, loss_, batch, step,
                                               grad_divisor, grads_, on_grads_ready);
     if (loss_ == Loss::mse && !batch.labels.empty()) {
       stats.correct = count_correct(ws.output(), batch.rows, output_width(), batch.labels);
     }
-    return stats;
+    pending_.push_back(stats);
   }
 
-  double grad_norm() override { return global_grad_norm(grads_); }
+  void optimizer_step(double lr, double clip_max_norm) override {
+    float scale = 1.0f;
+    if (clip_max_norm > 0) {
+      last_norm_ = global_grad_norm(grads_);
+      scale = clip_factor(last_norm_, clip_max_norm);
+    }
+    state_.optimizer->step(state_.model.params(), grads_, lr, scale);
+  }
 
-  void optimizer_step(double lr, float grad_scale) override {
-    state_.optimizer->step(state_.model.params(), grads_, lr, grad_scale);
+  double last_grad_norm() override { return last_norm_; }
+
+  void drain_stats(std::vector<LossStats>& out) override {
+    out.insert(out.end(), pending_.begin(), pending_.end());
+    pending_.clear();
   }
 
   LossStats evaluate(const Batch& batch) override {
@@ -67,26 +78,14 @@ class CpuCompute final : public Compute {
   Loss loss_;
   std::vector<float> grads_;
   std::optional<Workspace> train_ws_, eval_ws_;
+  std::vector<LossStats> pending_;
+  double last_norm_ = -1;
 };
 
 }  // namespace
 
-std::unique_ptr<Compute> make_compute(std::string_view name, TrainState& state, Loss loss) {
-  if (name == "cpu") return std::make_unique<CpuCompute>(state, loss);
-  throw ConfigError(fmt::format("train.backend = '{}' is not available in this build: use cpu",
-                                name));
+std::unique_ptr<Compute> make_cpu_compute(TrainState& state, Loss loss) {
+  return std::make_unique<CpuCompute>(state, loss);
 }
 
-std::int64_t count_correct(std::span<const float> outputs, int rows, int classes,
-                           std::span<const std::int32_t> labels) noexcept {
-  std::int64_t correct = 0;
-  for (int r = 0; r < rows; ++r) {
-    const float* z = outputs.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(classes);
-    int best = 0;
-    for (int j = 1; j < classes; ++j) best = z[j] > z[best] ? j : best;  // first max, as the loss
-    correct += best == labels[static_cast<std::size_t>(r)] ? 1 : 0;
-  }
-  return correct;
-}
-
-}  // namespace locus::train
+}  // namespace locus::train::detail

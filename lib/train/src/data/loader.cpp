@@ -1,8 +1,10 @@
-// The Loader: option checks, the producer thread and its ring of batch buffers, the
-// synchronous fallback, and data-wait accounting. Batch contents come from loader_feed.cpp.
+// The Loader: option checks, the producer thread and its ring of batch buffers, the hand-off
+// to next() (which gathers in-memory batches itself when the ring is empty), the synchronous
+// fallback, and data-wait accounting. Batch contents come from loader_feed.cpp.
 #include "locus/train/data/loader.hpp"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -35,6 +37,16 @@ const char* to_string(Shuffle s) {
   return "?";
 }
 
+const char* to_string(Residency r) {
+  switch (r) {
+    case Residency::partition: return "partition";
+    case Residency::dataset: return "dataset";
+    case Residency::streamed: return "streamed";
+    case Residency::per_batch: return "per-batch";
+  }
+  return "?";
+}
+
 namespace {
 
 void check_options(const LoaderOptions& o) {
@@ -63,6 +75,17 @@ bool thread_multiple() {
   return level == MPI_THREAD_MULTIPLE;
 }
 
+// SCHED_BATCH: a woken producer waits for a free core or the next tick instead of preempting
+// the thread that woke it, which is inside next() (see "Hand-off" in loader.hpp). Best effort:
+// the loader works the same without it.
+void stop_wakeup_preemption() {
+#ifdef SCHED_BATCH
+  sched_param p{};
+  p.sched_priority = 0;
+  static_cast<void>(pthread_setschedparam(pthread_self(), SCHED_BATCH, &p));
+#endif
+}
+
 }  // namespace
 
 struct Loader::Impl {
@@ -73,12 +96,16 @@ struct Loader::Impl {
   LoaderOptions opts;
   mpi::Comm comm;  // a dup of the caller's communicator: only the producer uses it
   bool threaded = false;
-  std::unique_ptr<detail::Feeder> feeder;  // owned here only in synchronous mode
+  // Made by the producer thread (threaded) or the constructor; its HDF5 calls happen on that
+  // thread only, but next() may gather() from it concurrently (in memory).
+  std::unique_ptr<detail::Feeder> feeder;
 
   // Copied from the feeder once it is open (read by the main thread without a lock).
   std::int64_t rows = 0, cols = 0, steps = 0;
   bool has_labels = false;
   Residency residency = Residency::partition;
+  bool in_memory = false;
+  ResidentData resident;
 
   std::mutex m;
   std::condition_variable cv;
@@ -89,6 +116,8 @@ struct Loader::Impl {
   bool started = false, stop = false, close_file = true;
   bool early = false;  // may produce epoch 0 before the first start_epoch (no HDF5 needed)
   bool init_done = false;
+  bool producer_idle = false;  // the producer waits on cv and nobody has woken it yet
+  bool held_back = false;      // LoaderTestAccess::hold_producer
   std::exception_ptr error;  // from opening (init) or from a read
   std::int64_t epoch = -1;         // the epoch next() serves (-1 before start_epoch)
   std::int64_t produce_epoch = 0;  // the epoch the producer fills: `epoch`, or epoch + 1
@@ -98,6 +127,7 @@ struct Loader::Impl {
   std::thread producer;
 
   double wait_total = 0, wait_last = 0;
+  std::int64_t consumer_batches = 0;
 
   void adopt(const detail::Feeder& f) {
     rows = static_cast<std::int64_t>(f.geometry().rows());
@@ -105,11 +135,14 @@ struct Loader::Impl {
     steps = static_cast<std::int64_t>(f.geometry().steps());
     has_labels = f.has_labels();
     residency = f.residency();
+    in_memory = f.in_memory();
+    resident = f.resident();
   }
   void run();
   bool has_work();
   void produce(detail::Feeder& f);
   bool keep_speculation(std::int64_t e, std::int64_t first_step);
+  Buffer* claim_step();
   const LoadedBatch* next_threaded();
   const LoadedBatch* next_sync();
 };
@@ -117,25 +150,22 @@ struct Loader::Impl {
 // The producer thread: every HDF5 call of a threaded loader happens here.
 void Loader::Impl::run() {
   pthread_setname_np(pthread_self(), "locus-loader");  // for top -H, perf and the bench
-  std::unique_ptr<detail::Feeder> f;
+  detail::Feeder* f = nullptr;
   try {
-    f = std::make_unique<detail::Feeder>(comm, opts);
+    auto made = std::make_unique<detail::Feeder>(comm, opts);
+    std::lock_guard<std::mutex> lk(m);
+    feeder = std::move(made);
+    f = feeder.get();
+    adopt(*f);
+    init_done = true;
   } catch (...) {
     std::lock_guard<std::mutex> lk(m);
     error = std::current_exception();
     init_done = true;
-    cv.notify_all();
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lk(m);
-    adopt(*f);
-    // In-memory batches need no HDF5 call, so epoch 0 may be prepared before the first
-    // start_epoch without racing other threads' HDF5 calls (the trainer's set-up).
-    early = residency == Residency::partition || residency == Residency::dataset;
-    init_done = true;
   }
   cv.notify_all();
+  if (f == nullptr) return;
+  stop_wakeup_preemption();
   produce(*f);
   if (!close_file) {
     f->abandon();
@@ -156,7 +186,7 @@ void Loader::Impl::run() {
 // shuffle none the batches do not depend on the epoch, so any start_epoch(e, 0) takes them.
 // Before the first start_epoch (epoch = -1) the in-memory residencies prepare epoch 0.
 bool Loader::Impl::has_work() {
-  if (!(started || early) || error || pool.empty()) return false;
+  if (!(started || early) || error || pool.empty() || held_back) return false;
   if (produce_step >= steps && produce_epoch == epoch) {
     produce_epoch = epoch + 1;
     produce_step = 0;
@@ -184,9 +214,11 @@ void Loader::Impl::produce(detail::Feeder& f) {
     std::int64_t e = 0, step = 0;
     {
       std::unique_lock<std::mutex> lk(m);
-      cv.wait(lk, [&] {
-        return stop || has_work();
-      });
+      while (!stop && !has_work()) {
+        producer_idle = true;  // next() and start_epoch() wake it only when this is set
+        cv.wait(lk);
+      }
+      producer_idle = false;
       if (stop) return;
       buf = pool.front();
       pool.pop_front();
@@ -216,15 +248,17 @@ Loader::Loader(const mpi::Comm& comm, LoaderOptions opts) {
   impl_ = std::make_unique<Impl>(comm.dup(), std::move(opts));
   Impl& s = *impl_;
   s.threaded = s.opts.background && thread_multiple();
+  HostMemory* memory = s.opts.host_memory.get();
   if (!s.threaded) {
     s.feeder = std::make_unique<detail::Feeder>(s.comm, s.opts);
     s.adopt(*s.feeder);
-    s.storage.push_back(std::make_unique<Impl::Buffer>());
+    s.storage.push_back(std::make_unique<Impl::Buffer>(memory));
+    s.feeder->reserve(*s.storage.back());
     return;
   }
   // depth buffers the producer may fill, plus the one the consumer holds.
   for (int i = 0; i <= s.opts.prefetch_depth; ++i) {
-    s.storage.push_back(std::make_unique<Impl::Buffer>());
+    s.storage.push_back(std::make_unique<Impl::Buffer>(memory));
     s.pool.push_back(s.storage.back().get());
   }
   s.producer = std::thread([&s] { s.run(); });
@@ -236,6 +270,16 @@ Loader::Loader(const mpi::Comm& comm, LoaderOptions opts) {
     s.producer.join();
     std::rethrow_exception(e);  // agreed on every rank: the file is closed everywhere
   }
+  // The producer takes no buffer before start_epoch() or `early`: allocate them here, on the
+  // caller's thread (a device backend's page-locked memory belongs to the caller's device).
+  lk.unlock();
+  for (const auto& b : s.storage) s.feeder->reserve(*b);
+  lk.lock();
+  // In-memory batches need no HDF5 call, so epoch 0 may be prepared before the first
+  // start_epoch without racing other threads' HDF5 calls (the trainer's set-up).
+  s.early = s.in_memory;
+  lk.unlock();
+  s.cv.notify_all();
 }
 
 Loader::~Loader() {
@@ -270,6 +314,8 @@ bool Loader::has_labels() const { return impl_->has_labels; }
 std::int64_t Loader::steps_per_epoch() const { return impl_->steps; }
 Residency Loader::residency() const { return impl_->residency; }
 bool Loader::threaded() const { return impl_->threaded; }
+ResidentData Loader::resident() const { return impl_->resident; }
+std::int64_t Loader::consumer_batches() const { return impl_->consumer_batches; }
 double Loader::wait_seconds() const { return impl_->wait_total; }
 double Loader::last_wait_seconds() const { return impl_->wait_last; }
 
@@ -298,8 +344,22 @@ void Loader::start_epoch(std::int64_t epoch, std::int64_t first_step) {
     }
     s.epoch = epoch;
     s.consume_step = first_step;
+    s.producer_idle = false;
   }
   s.cv.notify_all();
+}
+
+// Called with m held, the ring empty: takes the next step away from the producer when it
+// has not started it and the samples are in memory, so next() gathers it instead of waiting
+// for the producer to be scheduled (the producer goes on with the step after).
+Loader::Impl::Buffer* Loader::Impl::claim_step() {
+  if (!in_memory || pool.empty() || produce_epoch != epoch || produce_step != consume_step) {
+    return nullptr;
+  }
+  Buffer* buf = pool.front();
+  pool.pop_front();
+  ++produce_step;
+  return buf;
 }
 
 const LoadedBatch* Loader::Impl::next_threaded() {
@@ -307,12 +367,38 @@ const LoadedBatch* Loader::Impl::next_threaded() {
   if (held) {
     pool.push_back(held);
     held = nullptr;
-    cv.notify_all();
   }
   if (error) std::rethrow_exception(error);
-  if (consume_step >= steps) return nullptr;
-  cv.wait(lk, [&] { return !ready.empty() || error; });
-  if (error) std::rethrow_exception(error);
+  // The freed buffer may be work for a sleeping producer. It is woken outside the lock (so it
+  // does not block on m at once), and not at all while it works: it looks at the pool before
+  // it sleeps.
+  bool wake = producer_idle;
+  producer_idle = false;
+  const auto unlock_and_wake = [&] {
+    lk.unlock();
+    if (wake) cv.notify_all();
+    wake = false;
+  };
+  if (consume_step >= steps) {
+    unlock_and_wake();
+    return nullptr;
+  }
+  if (ready.empty()) {
+    if (Buffer* buf = claim_step()) {
+      const std::int64_t step = consume_step++;
+      held = buf;
+      ++consumer_batches;
+      unlock_and_wake();
+      feeder->gather(epoch, step, *buf);  // memory only: nothing to fail but an allocation
+      return &buf->batch;
+    }
+    if (wake) {  // before sleeping: the producer may have to fill this very batch
+      unlock_and_wake();
+      lk.lock();
+    }
+    cv.wait(lk, [&] { return !ready.empty() || error; });
+    if (error) std::rethrow_exception(error);
+  }
   held = ready.front();
   ready.pop_front();
   if (opts.shuffle == Shuffle::none) held->batch.epoch = epoch;  // speculated as epoch + 1
@@ -320,7 +406,18 @@ const LoadedBatch* Loader::Impl::next_threaded() {
                fmt::format("loader produced epoch {} step {}, expected epoch {} step {}",
                            held->batch.epoch, held->batch.step, epoch, consume_step));
   ++consume_step;
-  return &held->batch;
+  Buffer* out = held;
+  unlock_and_wake();
+  return &out->batch;
+}
+
+void LoaderTestAccess::hold_producer(Loader& l, bool hold) {
+  Loader::Impl& s = *l.impl_;
+  {
+    std::lock_guard<std::mutex> lk(s.m);
+    s.held_back = hold;
+  }
+  s.cv.notify_all();
 }
 
 const LoadedBatch* Loader::Impl::next_sync() {

@@ -24,6 +24,7 @@ Feeder::Feeder(const mpi::Comm& comm, const LoaderOptions& opts)
             opts_.global_batch, source_.rows(), source_.path()));
       }
       residency_ = choose_residency();
+      check_gather_features();
       load();
     });
   } catch (const Error& e) {
@@ -51,6 +52,20 @@ Residency Feeder::choose_residency() const {
   }
   // Decided from the largest partition, so every rank decides alike (the load is collective).
   return geo_.max_partition_rows() <= budget_rows ? Residency::partition : Residency::streamed;
+}
+
+void Feeder::check_gather_features() const {
+  if (opts_.gather_features || in_memory()) return;
+  const std::uint64_t row_bytes = cols() * sizeof(float) + (has_labels() ? 4 : 0);
+  const std::uint64_t need =
+      (opts_.shuffle == Shuffle::global ? geo_.rows() : geo_.max_partition_rows()) * row_bytes;
+  throw ConfigError(fmt::format(
+      "the device cache (loader.device_cache_mb) gathers batches from the samples held in "
+      "memory, but '{}' ({} rows, shuffle {}) does not fit loader.memory_budget_mb ({} bytes; "
+      "it needs {} per rank), so the loader would read it in {} mode: raise "
+      "loader.memory_budget_mb above {} MiB, or set loader.device_cache_mb = 0",
+      source_.path(), geo_.rows(), to_string(opts_.shuffle), opts_.memory_budget, need,
+      to_string(residency_), (need + (1u << 20) - 1) >> 20));
 }
 
 void Feeder::load() {
@@ -100,53 +115,116 @@ void Feeder::load() {
   }
 }
 
-void Feeder::prepare(std::int64_t epoch) {
-  if (epoch == prepared_epoch_) return;
+Feeder::Order Feeder::order(std::int64_t epoch) {
+  if (opts_.shuffle == Shuffle::none) return nullptr;
+  {
+    std::lock_guard<std::mutex> lk(order_mutex_);
+    for (int i = 0; i < 2; ++i) {
+      if (order_epoch_[i] == epoch) return order_[i];
+    }
+  }
+  // Computed outside the lock: the other thread may be gathering with the other slot.
   const auto e = static_cast<std::uint64_t>(epoch);
   const h5::RowRange part = geo_.partition();
-  if (opts_.shuffle == Shuffle::global) {
-    perm_ = permutation(geo_.rows(), keyed_engine(opts_.seed, e, kGlobalDomain, geo_.rows()));
-  } else if (streamer_) {
-    streamer_->begin_epoch(opts_.seed, e);
-  } else if (opts_.shuffle == Shuffle::local) {
-    perm_ = permutation(part.count,
-                        keyed_engine(opts_.seed, e, kLocalDomain, part.begin, part.count));
+  auto perm = std::make_shared<const std::vector<std::uint64_t>>(
+      opts_.shuffle == Shuffle::global
+          ? permutation(geo_.rows(), keyed_engine(opts_.seed, e, kGlobalDomain, geo_.rows()))
+          : permutation(part.count,
+                        keyed_engine(opts_.seed, e, kLocalDomain, part.begin, part.count)));
+  std::lock_guard<std::mutex> lk(order_mutex_);
+  for (int i = 0; i < 2; ++i) {
+    if (order_epoch_[i] == epoch) return order_[i];  // the other thread was first
   }
-  prepared_epoch_ = epoch;
+  order_epoch_[order_next_] = epoch;
+  order_[order_next_] = perm;
+  order_next_ ^= 1;
+  return perm;
+}
+
+ResidentData Feeder::resident() const {
+  if (!in_memory()) return {};
+  const auto c = static_cast<std::int64_t>(cols());
+  return {.rows = static_cast<std::int64_t>(mem_x_.size()) / std::max<std::int64_t>(c, 1),
+          .cols = c, .x = mem_x_, .y = mem_y_};
+}
+
+void Feeder::reserve(BatchBuffer& out) const {
+  const std::uint64_t n = geo_.max_step_rows();
+  if (!in_memory() || opts_.gather_features) out.x.reserve(n * cols());
+  if (has_labels()) out.y.reserve(n);
+  out.ids.reserve(n);
+  if (in_memory()) out.rows.reserve(n);
+}
+
+void Feeder::shape(BatchBuffer& out, std::uint64_t n, bool features, bool resident_rows) const {
+  out.x.resize(features ? n * cols() : 0);
+  out.y.resize(has_labels() ? n : 0);
+  out.ids.resize(n);
+  out.rows.resize(resident_rows ? n : 0);
+}
+
+// The sample ids of this rank's positions of the step (not for the streamed residency).
+void Feeder::list_ids(const StepSlice& s, const std::vector<std::uint64_t>* perm,
+                      BatchBuffer& out) const {
+  const std::uint64_t base = geo_.partition().begin;
+  for (std::uint64_t i = 0; i < s.count; ++i) {
+    const std::uint64_t p = s.first + i;
+    switch (opts_.shuffle) {
+      case Shuffle::global: out.ids[i] = (*perm)[p]; break;
+      case Shuffle::local: out.ids[i] = base + (*perm)[p]; break;
+      case Shuffle::none: out.ids[i] = base + p; break;
+    }
+  }
+}
+
+void Feeder::finish(std::int64_t epoch, std::int64_t step, const StepSlice& s,
+                    BatchBuffer& out) const {
+  out.batch.epoch = epoch;
+  out.batch.step = step;
+  out.batch.rows = static_cast<int>(s.count);
+  out.batch.global_rows = static_cast<int>(s.global_rows);
+  out.batch.x = out.x.span();
+  out.batch.y = out.y.span();
+  out.batch.sample_ids = out.ids.span();
+  out.batch.resident_rows = out.rows.span();
 }
 
 void Feeder::fill(std::int64_t epoch, std::int64_t step, BatchBuffer& out) {
-  prepare(epoch);
+  if (in_memory()) {
+    gather(epoch, step, out);
+    return;
+  }
   const StepSlice s = geo_.slice(static_cast<std::uint64_t>(step));
-  const std::uint64_t n = s.count;
-  out.x.resize(n * cols());
-  out.y.resize(has_labels() ? n : 0);
-  out.ids.resize(n);
+  shape(out, s.count, true, false);
   if (residency_ == Residency::streamed) {
+    if (epoch != streamed_epoch_) {
+      streamer_->begin_epoch(opts_.seed, static_cast<std::uint64_t>(epoch));
+      streamed_epoch_ = epoch;
+    }
     streamer_->fill(s.first, s.count, out);
   } else {
-    const std::uint64_t base = geo_.partition().begin;
-    for (std::uint64_t i = 0; i < n; ++i) {
-      const std::uint64_t p = s.first + i;
-      switch (opts_.shuffle) {
-        case Shuffle::global: out.ids[i] = perm_[p]; break;
-        case Shuffle::local: out.ids[i] = base + perm_[p]; break;
-        case Shuffle::none: out.ids[i] = base + p; break;
-      }
-    }
-    if (residency_ == Residency::per_batch) {
-      read_scattered(out);
-    } else {
-      gather_memory(s, out);
-    }
+    const Order perm = order(epoch);
+    list_ids(s, perm.get(), out);
+    read_scattered(out);
   }
-  out.batch.epoch = epoch;
-  out.batch.step = step;
-  out.batch.rows = static_cast<int>(n);
-  out.batch.global_rows = static_cast<int>(s.global_rows);
-  out.batch.x = out.x;
-  out.batch.y = out.y;
-  out.batch.sample_ids = out.ids;
+  finish(epoch, step, s, out);
+}
+
+void Feeder::gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out) {
+  LOCUS_ASSERT(in_memory(), "Feeder::gather() out of core");
+  const StepSlice s = geo_.slice(static_cast<std::uint64_t>(step));
+  const Order perm = order(epoch);
+  const bool features = opts_.gather_features;
+  shape(out, s.count, features, true);
+  list_ids(s, perm.get(), out);
+  const std::uint64_t c = cols();
+  for (std::uint64_t i = 0; i < s.count; ++i) {
+    const std::uint64_t row = out.ids[i] - mem_first_;
+    out.rows[i] = static_cast<std::int64_t>(row);
+    if (features) std::memcpy(out.x.data() + i * c, mem_x_.data() + row * c, c * sizeof(float));
+    if (has_labels()) out.y[i] = mem_y_[row];
+  }
+  finish(epoch, step, s, out);
 }
 
 void Feeder::copy_row(const float* x, const std::int32_t* y, std::uint64_t row,
@@ -154,12 +232,6 @@ void Feeder::copy_row(const float* x, const std::int32_t* y, std::uint64_t row,
   const std::uint64_t c = cols();
   std::memcpy(out.x.data() + i * c, x + row * c, c * sizeof(float));
   if (has_labels()) out.y[i] = y[row];
-}
-
-void Feeder::gather_memory(const StepSlice& s, BatchBuffer& out) {
-  for (std::uint64_t i = 0; i < s.count; ++i) {
-    copy_row(mem_x_.data(), mem_y_.data(), out.ids[i] - mem_first_, out, i);
-  }
 }
 
 void Feeder::read_scattered(BatchBuffer& out) {

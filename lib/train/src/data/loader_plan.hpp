@@ -61,6 +61,11 @@ class Geometry {
   // The largest partition of any rank (for memory decisions every rank makes alike).
   std::uint64_t max_partition_rows() const;
   StepSlice slice(std::uint64_t step) const;
+  // An upper bound of this rank's rows in any step: ceil(global_batch / ranks).
+  std::uint64_t max_step_rows() const {
+    const auto p = static_cast<std::uint64_t>(ranks_);
+    return (batch_ + p - 1) / p;
+  }
 
  private:
   std::uint64_t rows_, batch_, steps_;

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "locus/comm/agree.hpp"
+#include "locus/train/optim/clip.hpp"
 #include "locus/train/pipeline/pipeline.hpp"
 
 namespace locus::train {
@@ -50,15 +51,23 @@ PipelineCompute::PipelineCompute(const Grid& grid, TrainState& state, Loss loss,
 
 PipelineCompute::~PipelineCompute() = default;
 
-LossStats PipelineCompute::forward_backward(const Batch& batch, std::uint64_t step,
-                                            double grad_divisor, const GradsReadyFn&) {
-  return stage_->train_step(pipeline_batch(batch), step, grad_divisor);
+void PipelineCompute::forward_backward(const Batch& batch, std::uint64_t step,
+                                       double grad_divisor, const GradsReadyFn&) {
+  pending_.push_back(stage_->train_step(pipeline_batch(batch), step, grad_divisor));
 }
 
-double PipelineCompute::grad_norm() { return stage_->grad_norm(); }
+void PipelineCompute::optimizer_step(double lr, double clip_max_norm) {
+  float scale = 1.0f;
+  if (clip_max_norm > 0) {
+    last_norm_ = stage_->grad_norm();
+    scale = clip_factor(last_norm_, clip_max_norm);
+  }
+  state_.optimizer->step(state_.model.params(), grads_, lr, scale);
+}
 
-void PipelineCompute::optimizer_step(double lr, float grad_scale) {
-  state_.optimizer->step(state_.model.params(), grads_, lr, grad_scale);
+void PipelineCompute::drain_stats(std::vector<LossStats>& out) {
+  out.insert(out.end(), pending_.begin(), pending_.end());
+  pending_.clear();
 }
 
 LossStats PipelineCompute::evaluate(const Batch& batch) {

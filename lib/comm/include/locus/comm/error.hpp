@@ -51,6 +51,11 @@ LOCUS_DEFINE_ERROR(H5Error, hdf5)
 LOCUS_DEFINE_ERROR(CudaError, cuda)
 LOCUS_DEFINE_ERROR(NcclError, nccl)
 #undef LOCUS_DEFINE_ERROR
+// A cuBLAS / cuBLASLt failure: a CudaError (same kind and exit path) of its own type.
+class CublasError : public CudaError {
+ public:
+  explicit CublasError(const std::string& what) : CudaError(what) {}
+};
 
 // Rebuilds an error of the given kind (used to re-raise an agreed error on every rank).
 [[noreturn]] void throw_error(ErrorKind kind, const std::string& what, bool agreed);

@@ -15,6 +15,23 @@ namespace locus::comm {
 
 enum class ReducerBackend { mpi, nccl };
 
+// Where a gradient buffer lives.
+enum class MemorySpace { host, cuda };
+
+// A gradient buffer as a compute backend describes it: a reducer for host memory binds to it
+// directly; one for device memory (host-staged MPI now, NCCL next) works on `stream`'s order.
+// Readiness of a device buffer: when the backend announces a layer (GradsReadyFn), the work
+// that writes it has been enqueued on `stream`, not necessarily finished; a reducer orders
+// itself after it with an event recorded on that stream.
+struct GradientBuffer {
+  float* data = nullptr;
+  std::size_t size = 0;
+  MemorySpace space = MemorySpace::host;
+  void* stream = nullptr;  // cudaStream_t of the producer (device buffers)
+  // The buffer as a host span (InternalError unless space == host).
+  std::span<float> host() const;
+};
+
 // What finish() / allreduce_average() leave in the buffer.
 enum class ReduceMode {
   // Sum over ranks, then divide every element by the communicator size.

@@ -1,19 +1,60 @@
-// The compute backend of the training loop: forward, loss, backward, the optimizer update and
-// scoring, behind a small interface chosen once at start-up (CPU/OpenBLAS now; a GPU backend
-// later keeps its parameters on the device and copies them back in sync_to_host()). The loop
-// itself never branches on the backend.
+// The compute backend of the training loop: forward, loss, backward, the optimizer update
+// (with global-norm clipping) and scoring, behind a small interface chosen once at start-up
+// (cpu: OpenBLAS and the fused kernels of src/model; cuda: cuBLASLt and the kernels of
+// src/cuda, parameters on the device). The loop itself never branches on the backend.
+//
+// Asynchronous backends. A device backend only enqueues work: forward_backward() and
+// optimizer_step() return before the device is done, and nothing in a step waits for the
+// device. What the loop needs back -- the loss sums of each step, the gradient norm -- stays
+// on the device until drain_stats() / last_grad_norm() fetch it (one wait per log interval,
+// not per step). The CPU backend is the same interface with nothing deferred.
+//
+// Host and device copies of the state. The TrainState (host) is authoritative between
+// Trainer calls: sync_from_host() loads it into the backend before training or scoring,
+// sync_to_host() copies the backend's state back for checkpoints and model files. The CPU
+// backend trains the TrainState in place, so both are no-ops there.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
+#include "locus/comm/mpi.hpp"
+#include "locus/comm/reducer.hpp"
 #include "locus/train/model/backward.hpp"
 #include "locus/train/model/loss.hpp"
 #include "locus/train/train_state.hpp"
 
 namespace locus::train {
+
+// Arithmetic of the matrix products on a device backend (train.precision):
+//   fp32: full float32 (the CPU's arithmetic; the default: results comparable with the CPU
+//         reference, and PyTorch's default for float32 matmuls since 1.12);
+//   tf32: float32 storage, tensor-core products with 10-bit mantissas (~3e-4 relative);
+//   bf16: bf16 operands with float32 accumulation; float32 master weights, optimizer state,
+//         activations' epilogues and loss (relative error 1e-3..1e-2 per product).
+// The CPU backend computes in float32 whatever this says (it accepts only fp32).
+enum class Precision { fp32, tf32, bf16 };
+Precision parse_precision(std::string_view name);  // ConfigError naming the choices
+std::string_view to_string(Precision p) noexcept;
+
+struct ComputeOptions {
+  std::string backend = "cpu";  // "cpu" | "cuda"
+  Precision precision = Precision::fp32;
+  int device = -1;              // cuda: -1 = node-local rank modulo the visible devices
+  bool graphs = true;           // cuda: replay each step shape from a captured CUDA graph
+};
+
+// ConfigError naming what this build and host have when the backend cannot run here (cuda in
+// a build without CUDA or on a host without a device; a precision the cpu backend lacks).
+void validate(const ComputeOptions& options);
+
+// Which backends this build has and this host can run ("cpu", "cuda (1 device: ...)"), for
+// messages.
+std::string available_backends();
 
 class Compute {
  public:
@@ -23,36 +64,58 @@ class Compute {
   virtual ~Compute() = default;
 
   virtual std::string_view name() const noexcept = 0;
+  // What computes, for the start-up line and checkpoint provenance: "cpu (OpenBLAS)", or
+  // "cuda fp32 on NVIDIA H100 80GB HBM3 (cc 9.0), CUDA runtime 13000, driver 13000, cuBLASLt
+  // 130000".
+  virtual std::string describe() const = 0;
 
   // The gradient buffer (as many floats as the state's model.params(): the whole layout, or a
-  // pipeline stage's layers, where the backend computes): what the gradient reducer binds to.
-  // Valid for the backend's lifetime.
-  virtual std::span<float> grads() noexcept = 0;
+  // pipeline stage's layers), where it lives and the stream that writes it: what the gradient
+  // reducer binds to. Valid for the backend's lifetime.
+  virtual comm::GradientBuffer grads() noexcept = 0;
 
   // forward + loss + backward of this rank's rows of one global batch into grads(), calling
-  // on_grads_ready(l) for l = layers-1 .. 0 as each layer's gradient is final (loss.hpp has the
-  // grad_divisor convention). For mse, batch.targets are the targets; correct counts argmax
-  // hits against batch.labels whenever labels are given.
-  virtual LossStats forward_backward(const Batch& batch, std::uint64_t step,
-                                     double grad_divisor, const GradsReadyFn& on_grads_ready) = 0;
+  // on_grads_ready(l) for l = layers-1 .. 0 as each layer's gradient work has been issued
+  // (done on a host backend; enqueued on grads().stream on a device backend: see
+  // comm::GradientBuffer). loss.hpp has the grad_divisor convention. For mse, batch.targets
+  // are the targets; correct counts argmax hits against batch.labels whenever labels are
+  // given. The step's LossStats are kept for drain_stats().
+  virtual void forward_backward(const Batch& batch, std::uint64_t step, double grad_divisor,
+                                const GradsReadyFn& on_grads_ready) = 0;
 
-  // L2 norm of grads() (after the reduction every rank holds the whole gradient).
-  virtual double grad_norm() = 0;
+  // One optimizer step over the whole buffer at learning rate lr, after the gradients are
+  // reduced. clip_max_norm > 0 first clips the gradient's global L2 norm to it (the factor is
+  // applied inside the optimizer's pass, as clip.hpp describes).
+  virtual void optimizer_step(double lr, double clip_max_norm) = 0;
 
-  // One optimizer step over the whole buffer with grads() * grad_scale at learning rate lr.
-  virtual void optimizer_step(double lr, float grad_scale) = 0;
+  // The gradient norm of the last optimizer_step() that clipped; -1 before any (waits for the
+  // device on a device backend).
+  virtual double last_grad_norm() = 0;
 
-  // Loss and argmax hits of the current parameters on a batch, without dropout.
+  // The LossStats of every forward_backward() since the last call, in step order, appended to
+  // out (waits for the device on a device backend).
+  virtual void drain_stats(std::vector<LossStats>& out) = 0;
+
+  // Loss and argmax hits of the current parameters on a batch, without dropout (synchronous).
   virtual LossStats evaluate(const Batch& batch) = 0;
 
-  // Makes the TrainState's parameters and optimizer state current (for checkpoints and model
-  // files). The CPU backends work on them in place; a device backend copies them back.
+  // Keeps x (rows x cols, row-major: the loader's resident block) in the backend's memory for
+  // the rest of its life; batches then come as Batch::resident_rows instead of x. ConfigError
+  // from a backend without such a cache, or when it does not fit.
+  virtual void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols);
+
+  // Loads the TrainState's parameters and optimizer state into the backend (host -> device).
+  virtual void sync_from_host() {}
+  // Makes the TrainState's parameters and optimizer state current (device -> host).
   virtual void sync_to_host() {}
 };
 
-// The backend for `name` ("cpu"); ConfigError naming the available ones otherwise. The backend
-// trains state.model / state.optimizer (which must outlive it) with `loss`.
-std::unique_ptr<Compute> make_compute(std::string_view name, TrainState& state, Loss loss);
+// The backend options.backend names; ConfigError naming what this build and host have
+// otherwise (e.g. cuda in a build without CUDA, or on a host without a device). The backend
+// trains state.model / state.optimizer (which must outlive it) with `loss`. Collective over
+// world only in what it agrees on: call it on every rank.
+std::unique_ptr<Compute> make_compute(const ComputeOptions& options, const mpi::Comm& world,
+                                      TrainState& state, Loss loss);
 
 // Rows whose argmax over `classes` outputs equals the label.
 std::int64_t count_correct(std::span<const float> outputs, int rows, int classes,

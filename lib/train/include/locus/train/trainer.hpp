@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "locus/comm/reducer.hpp"
+#include "locus/train/compute.hpp"
 #include "locus/train/grid.hpp"
 #include "locus/train/data/loader.hpp"
 #include "locus/train/model/loss.hpp"
@@ -47,7 +48,10 @@ struct TrainOptions {
   PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
   std::vector<int> stage_boundaries;  // first layers of stages 1..S-1; empty: balanced
   int threads = 1;                // BLAS threads per rank
-  std::string backend = "cpu";    // compute backend
+  ComputeOptions compute;         // backend, precision, device, graphs
+  // cuda: bytes of this rank's training partition that may be cached on the device (0: batches
+  // are streamed from pinned host memory every step)
+  std::uint64_t device_cache_bytes = 0;
   comm::ReducerOptions reducer;   // mode is set by the trainer (sums of pre-divided grads)
 };
 
@@ -114,13 +118,17 @@ class Trainer {
   // current parameters; loss and accuracy are summed over the ranks. Needs eval_path.
   EvalMetrics evaluate();
 
-  // With pipeline stages, this rank's stage's layers only (model.held()).
+  // With pipeline stages, this rank's stage's layers only (model.held()). The mutable one may
+  // be written (a checkpoint restore): the backend reloads it before the next train() or
+  // evaluate(). Between those calls it is the authoritative copy.
   TrainState& state() noexcept;
   const TrainState& state() const noexcept;
   // state() made current from the compute backend (a device-to-host copy; nothing on the
   // CPU): what a StepHook reads before saving.
   const TrainState& synced_state();
   const TrainOptions& options() const noexcept;
+  // The compute backend's description (Compute::describe()) on this rank.
+  std::string compute_description() const;
   const Grid& grid() const noexcept;
   std::int64_t steps_per_epoch() const noexcept;
   // min(epochs * steps_per_epoch, max_steps when > 0)

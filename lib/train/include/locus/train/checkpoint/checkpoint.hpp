@@ -76,6 +76,11 @@ struct CheckpointMeta {
   std::int64_t pipeline_stages = 0;
   std::string tool_version;
   std::string git_revision;
+  // The backend that wrote it (Compute::describe() of rank 0): "cpu (OpenBLAS)", or "cuda bf16
+  // on NVIDIA H100 80GB HBM3 (cc 9.0), CUDA runtime 13000, driver 13000, cuBLASLt 130000". A
+  // resume is bitwise equal to an uninterrupted run only under the same one. Empty in files
+  // written before it existed (and then absent from meta_text).
+  std::string compute;
   double created = 0;                // Unix time of the save
   ModelSpec model;                   // from /model (filled by the readers)
   std::vector<std::string> optimizer_state;  // from /optimizer: state buffer names

@@ -46,6 +46,8 @@
 //    row ids sorted, consecutive runs coalesced, one regular-hyperslab read per run for the
 //    features and one hyperslab-union read for the labels. (HDF5 1.10 maps a union of runs
 //    to chunks element by element: 2-3x slower than per-run reads for scattered rows.)
+// The epoch's permutation (8 bytes per row: of the dataset for global, of the partition for
+// local) is kept for two epochs at a time, as the producer works ahead into the next one.
 //
 // Threads. With MPI_THREAD_MULTIPLE (check with MPI_Query_thread) a producer thread opens the
 // file on a dup() of the communicator, does the initial load (collectively, while the
@@ -58,10 +60,27 @@
 // exists: from the first start_epoch() on, the producer may read at any moment (also ahead
 // into the next epoch after the last batch of one, out-of-core modes).
 //
+// Hand-off. The producer runs under SCHED_BATCH (Linux): woken, it does not preempt the
+// thread that woke it, so the consumer is not descheduled inside next() while the producer
+// refills the slot next() just freed (with as many busy threads as cores that preemption cost
+// ~40 µs a step, 5-7% of the 2-rank Fashion-MNIST step: bench/RESULTS.md). It fills when a
+// core frees up or at a scheduler tick. next() wakes it only when it sleeps, outside the lock.
+// When the ring is empty and the samples are in memory (Residency partition/dataset), next()
+// gathers the batch itself (the producer skips that step) instead of waiting for the producer
+// to be scheduled; out of core it waits. Either way a batch is the same pure function of
+// (epoch, step), whichever thread gathered it.
+//
 // Wait time: next() measures the time until its batch is ready (the whole read in the
-// synchronous mode); wait_seconds() sums it.
+// synchronous mode, the gather when next() gathers it); wait_seconds() sums it.
+//
+// GPU hooks. host_memory supplies the batch buffers (page-locked memory, so a device backend
+// can copy from them asynchronously); they are allocated on the constructing thread, sized for
+// the largest batch. In memory, resident() is the block batches are gathered from and each
+// batch lists its rows in it (resident_rows), so a device copy of the block can be gathered
+// by index; gather_features = false then skips the host copy of the features.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -81,6 +100,17 @@ enum class Shuffle {
 Shuffle parse_shuffle(const std::string& s);  // ConfigError naming the allowed values
 const char* to_string(Shuffle s);
 
+// Where the ring's batch buffers come from (null in LoaderOptions: the ordinary heap). A CUDA
+// backend passes page-locked memory (cudaMallocHost) so it can copy batches asynchronously.
+// Called on the thread that constructs the Loader (and, should a batch outgrow its buffer, on
+// the producer thread); every allocation is returned before the Loader's destructor ends.
+struct HostMemory {
+  virtual ~HostMemory() = default;
+  // `bytes` > 0; aligned for any of the batch's element types (8 bytes); throws on failure.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
+};
+
 struct LoaderOptions {
   std::string path;
   std::string features = "/features";
@@ -92,6 +122,11 @@ struct LoaderOptions {
   std::uint64_t memory_budget = 1ULL << 30;  // bytes of samples a rank may hold
   bool drop_last = false;              // drop the last partial global batch of an epoch
   bool background = true;              // false: read on the calling thread inside next()
+  std::shared_ptr<HostMemory> host_memory;  // batch buffers (x, y, ids, rows); null: heap
+  // false: batches carry labels, sample_ids and resident_rows but no features (x empty): the
+  // device gathers them from its copy of resident(). Only with the samples in memory
+  // (Residency partition/dataset), else a ConfigError naming loader.device_cache_mb.
+  bool gather_features = true;
 };
 
 // Where the samples live, decided once from memory_budget, alike on every rank.
@@ -101,6 +136,17 @@ enum class Residency {
   streamed,   // local/none out of core: the partition streamed in window groups
   per_batch,  // global out of core: each batch slice read from the file
 };
+const char* to_string(Residency r);
+
+// The in-memory block batches are gathered from (Residency partition: this rank's partition,
+// its file rows in order; dataset: every row of the file). Empty out of core. Valid while the
+// Loader lives; it never changes after the constructor.
+struct ResidentData {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::span<const float> x;           // rows × cols
+  std::span<const std::int32_t> y;    // rows (empty without labels)
+};
 
 // One batch of this rank's rows (rows may be 0 on some ranks for the last partial batch).
 struct LoadedBatch {
@@ -109,6 +155,9 @@ struct LoadedBatch {
   std::span<const float> x;            // rows × cols
   std::span<const std::int32_t> y;     // rows (empty without labels)
   std::span<const std::uint64_t> sample_ids;  // global row indices of the rows
+  // For each row, its row in Loader::resident() (x of row i = resident().x row
+  // resident_rows[i]); empty out of core.
+  std::span<const std::int64_t> resident_rows;
   int global_rows = 0;                 // rows of the global batch (the gradient divisor)
 };
 
@@ -133,6 +182,7 @@ class Loader {
   std::int64_t steps_per_epoch() const;
   Residency residency() const;
   bool threaded() const;               // a background producer (false: synchronous reads)
+  ResidentData resident() const;       // the in-memory block (empty out of core)
 
   // Starts producing the batches of `epoch` from step `first_step` (resume). A pure function
   // of (seed, epoch, step): no other state is needed to resume. Local: no other rank takes
@@ -149,10 +199,20 @@ class Loader {
 
   double wait_seconds() const;         // total time next() waited since construction
   double last_wait_seconds() const;    // wait of the latest next()
+  // Batches next() gathered itself because the ring was empty (threaded, in memory).
+  std::int64_t consumer_batches() const;
 
  private:
+  friend struct LoaderTestAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// For tests only: holds the producer back (it finishes the batch in hand, then takes no new
+// one until released), so next() gathers in-memory batches itself. Out of core next() would
+// wait for the producer forever: release it first.
+struct LoaderTestAccess {
+  static void hold_producer(Loader& l, bool hold);
 };
 
 }  // namespace locus::train

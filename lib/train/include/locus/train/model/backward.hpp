@@ -33,6 +33,9 @@ struct Batch {
   std::span<const std::int32_t> labels;
   std::span<const float> targets;
   std::span<const std::uint64_t> sample_ids;
+  // A backend that caches the dataset (Compute::cache_dataset) gathers x itself: then x is
+  // empty and each row's index in the cached block is given instead.
+  std::span<const std::int64_t> resident_rows;
 };
 
 // forward_train + loss + backward for one step. grad_divisor is the GLOBAL batch size in

@@ -182,7 +182,7 @@ class PipelineStage {
 //   forward_backward: collective over grid.pp() and grid.dp(); it also completes the gradient
 //     all-reduce over dp (on_grads_ready is not called). Stage 0 passes the replica's batch,
 //     the other stages an empty one.
-//   grad_norm, evaluate: collective over grid.pp().
+//   optimizer_step (when clipping), evaluate: collective over grid.pp().
 class PipelineCompute final : public Compute {
  public:
   // Collective over grid.world() (see PipelineStage). ConfigError (agreed) when the state does
@@ -191,11 +191,17 @@ class PipelineCompute final : public Compute {
   ~PipelineCompute() override;
 
   std::string_view name() const noexcept override { return "cpu-pipeline"; }
-  std::span<float> grads() noexcept override { return grads_; }
-  LossStats forward_backward(const Batch& batch, std::uint64_t step, double grad_divisor,
-                             const GradsReadyFn& on_grads_ready) override;
-  double grad_norm() override;
-  void optimizer_step(double lr, float grad_scale) override;
+  // As the cpu backend's: a checkpoint's provenance does not depend on the grid.
+  std::string describe() const override { return "cpu (OpenBLAS)"; }
+  comm::GradientBuffer grads() noexcept override {
+    return {grads_.data(), grads_.size(), comm::MemorySpace::host, nullptr};
+  }
+  void forward_backward(const Batch& batch, std::uint64_t step, double grad_divisor,
+                        const GradsReadyFn& on_grads_ready) override;
+  // Collective over grid.pp() when clipping (the norm of the whole model's gradient).
+  void optimizer_step(double lr, double clip_max_norm) override;
+  double last_grad_norm() override { return last_norm_; }
+  void drain_stats(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
 
   PipelineStage& stage() noexcept { return *stage_; }
@@ -206,6 +212,8 @@ class PipelineCompute final : public Compute {
   StageRange range_;  // agreed on every rank before the first collective that needs it
   std::vector<float> grads_;  // the stage's slice only
   std::unique_ptr<PipelineStage> stage_;
+  std::vector<LossStats> pending_;
+  double last_norm_ = -1;
 };
 
 }  // namespace locus::train

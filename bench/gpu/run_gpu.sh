@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# The whole GPU verification in one command, run on the lent GPU host from the repository root
+# with the bundle that bench/common/make_gpu_bundle.sh packed here (carried by the device tool):
+#   bench/gpu/run_gpu.sh .gpu-bundle
+# 1. the machine: nvidia-smi -L, driver and CUDA versions, PyTorch's view of the GPU
+# 2. libraries: the bundle's lib/ first; sonames the host still cannot resolve are taken from
+#    lib-extra.tar.xz, the host's CUDA directories or PyTorch's nvidia/* wheels
+# 3. every GPU test binary (gtest --gtest_brief=1; MPI tests at their ctest rank counts)
+# 4. locus-train on the GPU (gpu_train_bench.sh), 5. PyTorch on the GPU (torch_gpu_bench.py),
+# 6. counts.py with the measured peaks, and a short summary table last.
+# Without a GPU it says so, still runs the tests (they skip) and PyTorch's CPU smoke test.
+# Full logs go to $OUT (the device tool returns it; default /tmp/gpu-run-out), as 7 files:
+# summary.txt run.log tests.tar.gz locus.tar.gz gpu_train_bench.tsv torch_gpu_bench.jsonl
+# counts.txt. Time: at most about 8.8 minutes (soft budgets per phase: nothing new starts after
+# them; hard limits: tests 150 s, locus 190 s, PyTorch 170 s), typically much less:
+#   TEST_BUDGET_S=120 TEST_TIMEOUT=90   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40   TORCH_BUDGET_S=120
+#   LAUNCH=auto|direct|mpirun   PYTHON=python3   SKIP="tests locus torch" (phases to leave out)
+#   ROWS, EPOCHS, EXTRA: passed to gpu_train_bench.sh; TORCH_ARGS: extra torch_gpu_bench.py flags
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bundle=$(cd "${1:?usage: bench/gpu/run_gpu.sh BUNDLE_DIR}" && pwd)
+out=${OUT:-/tmp/gpu-run-out}
+mkdir -p "$out"
+work=$(mktemp -d /tmp/gpu-run.XXXXXX)
+py=${PYTHON:-python3}
+skip=" ${SKIP:-} "
+log=$out/run.log
+: > "$log"
+t_start=$SECONDS
+say() { echo "$*" | tee -a "$log"; }
+section() { say ""; say "=== $* ($((SECONDS - t_start)) s)"; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+export OPENBLAS_NUM_THREADS=1 PYTHONUNBUFFERED=1
+
+section "machine"
+gpu=0
+if command -v nvidia-smi > /dev/null && nvidia-smi -L >> "$work/smi" 2>&1; then
+  gpu=1
+  tee -a "$log" < "$work/smi"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit \
+    --format=csv 2>&1 | tee -a "$log"
+  nvidia-smi 2>&1 | grep -m1 'CUDA Version' | tee -a "$log"
+else
+  say "no GPU: nvidia-smi is missing or sees no device ($(head -n 1 "$work/smi" 2> /dev/null));" \
+      "running what needs none (tests skip their cases; PyTorch smoke test on the CPU)"
+fi
+command -v nvcc > /dev/null && nvcc --version | tail -n 2 | tee -a "$log"
+"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tee -a "$log"
+command -v mpirun > /dev/null && mpirun --version 2>&1 | head -n 1 | tee -a "$log"
+say "bundle: $(head -n 1 "$bundle/MANIFEST" 2> /dev/null)"
+say "host: $(uname -r), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+section "libraries"
+fill=$work/libfill
+mkdir -p "$fill"
+cuda_dirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64 2> /dev/null | tr '\n' ':')
+export LD_LIBRARY_PATH=$bundle/lib:$fill:${cuda_dirs}${LD_LIBRARY_PATH:-}
+bins=$(find "$bundle/apps" "$bundle/tests" "$bundle/bench" -type f -perm -u+x 2> /dev/null)
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2> /dev/null)
+for _ in 1 2 3; do  # a soname found may need others
+  notfound=$(for b in $bins; do ldd "$b" 2> /dev/null; done | awk '/not found/ {print $1}' | sort -u)
+  [[ -z $notfound ]] && break
+  if [[ ! -d $work/lib-extra && -f $bundle/lib-extra.tar.xz ]]; then
+    mkdir -p "$work/lib-extra" && tar -C "$work/lib-extra" -xJf "$bundle/lib-extra.tar.xz"
+  fi
+  for so in $notfound; do
+    src=""
+    for d in "$work/lib-extra" ${cuda_dirs//:/ } "$site"/nvidia/*/lib "$site"/nvidia/*/*/lib; do
+      [[ -e $d/$so ]] && { src=$d/$so; break; }
+    done
+    [[ -n $src ]] && ln -sf "$src" "$fill/$so" && say "library $so: $src"
+  done
+done
+notfound=$(for b in $bins; do ldd "$b" 2> /dev/null; done | awk '/not found/ {print $1}' | sort -u)
+[[ -n $notfound ]] && say "UNRESOLVED libraries (binaries needing them cannot start): $notfound"
+say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+
+# run_mpi RANKS TIMEOUT CMD... : one rank directly (singleton MPI), several under mpirun
+run_mpi() {
+  local n=$1 t=$2; shift 2
+  if ((n == 1)) && [[ ${LAUNCH:-auto} != mpirun ]]; then
+    OMPI_MCA_ess_singleton_isolated=1 timeout -k 5 "$t" "$@"
+  else
+    timeout -k 5 "$t" mpirun --allow-run-as-root --oversubscribe --bind-to none -n "$n" "$@"
+  fi
+}
+
+section "GPU tests"
+tests_tsv=$work/tests.tsv
+printf 'test\tranks\tstatus\tpassed\tfailed\tskipped\tseconds\n' > "$tests_tsv"
+mkdir -p "$work/tests"
+if [[ $skip == *" tests "* ]]; then
+  say "skipped (SKIP)"
+elif [[ ! -s $bundle/tests/manifest.tsv ]]; then
+  say "no GPU test binaries in the bundle (none built yet?)"
+else
+  # ctest's environment for the tests (LOCUS_TEST_ENV): the bundle stands in for the build
+  # directory (apps/ at its top), the repository root is the source directory; each test runs
+  # in a scratch directory, as ctest runs it in its build folder.
+  export LOCUS_SOURCE_DIR=$PWD LOCUS_BINARY_DIR=$bundle OMPI_MCA_rmaps_base_oversubscribe=1
+  mkdir -p "$work/scratch"
+  t0=$SECONDS
+  while IFS=$'\t' read -r name bin ranks; do
+    tl=$work/tests/$name.log
+    if ((SECONDS - t0 > ${TEST_BUDGET_S:-120})); then
+      printf '%s\t%s\tnot run\t-\t-\t-\t-\n' "$name" "$ranks" >> "$tests_tsv"; continue
+    fi
+    s=$SECONDS
+    xml=()
+    ((ranks == 1)) && xml=(--gtest_output=xml:"$work/tests/$name.xml")
+    # shellcheck disable=SC2094
+    # the per-test limit shrinks so that the phase ends within its budget + 30 s
+    left=$((${TEST_BUDGET_S:-120} + 30 - (SECONDS - t0)))
+    tmax=${TEST_TIMEOUT:-90}
+    ((left < tmax)) && tmax=$((left < 20 ? 20 : left))
+    (cd "$work/scratch" && run_mpi "$ranks" "$tmax" "$bundle/tests/$bin" --gtest_brief=1 \
+       --gtest_color=no "${xml[@]}") > "$tl" 2>&1 < /dev/null
+    rc=$?
+    if ((rc != 0 && ranks == 1)) && [[ ${LAUNCH:-auto} == auto ]] && ! grep -q '^\[==========\]' "$tl"; then
+      # never got to gtest: the singleton MPI start may be what failed; once more under mpirun
+      mv "$tl" "$tl.direct"
+      (cd "$work/scratch" && LAUNCH=mpirun run_mpi 1 "$tmax" "$bundle/tests/$bin" --gtest_brief=1 \
+         --gtest_color=no "${xml[@]}") > "$tl" 2>&1 < /dev/null
+      rc=$?
+      { echo "(direct start failed, output:)"; cat "$tl.direct"; } >> "$tl"
+    fi
+    # gtest's totals (the MPI test main prints rank 0's, gathered over all ranks)
+    p=$(grep -m1 -oP '\[  PASSED  \] \K[0-9]+' "$tl" || echo 0)
+    f=$(grep -m1 -oP '\[  FAILED  \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
+    k=$(grep -m1 -oP '\[  SKIPPED \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
+    st=ok
+    ((rc != 0)) && st="rc=$rc"
+    ((rc == 124 || rc == 137)) && st=timeout
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$st" "$p" "$f" "$k" "$((SECONDS - s))" >> "$tests_tsv"
+    { echo "--- $name (ranks $ranks, rc $rc)"; cat "$tl"; } >> "$log"
+    say "$name: $st, passed $p failed $f skipped $k"
+  done < "$bundle/tests/manifest.tsv"
+fi
+tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
+
+section "locus-train on the GPU (gpu_train_bench.sh)"
+if [[ $skip == *" locus "* ]]; then
+  say "skipped (SKIP)"
+else
+  lb=${LOCUS_BUDGET_S:-120} st=${STEP_TIMEOUT:-40}
+  BUDGET_S=$lb STEP_TIMEOUT=$st PYTHON=$py timeout -k 10 "$((lb + st + 30))" \
+    "$here/gpu_train_bench.sh" "$bundle" "$work/locus" 2>&1 | tee -a "$log"
+  cp "$work/locus/gpu_train_bench.tsv" "$out/" 2> /dev/null
+  tar -C "$work" -czf "$out/locus.tar.gz" --exclude='*.h5' locus 2> /dev/null
+fi
+
+section "PyTorch on the GPU (torch_gpu_bench.py)"
+if [[ $skip == *" torch "* ]]; then
+  say "skipped (SKIP)"
+else
+  targs=(--out "$out/torch_gpu_bench.jsonl" --budget-s "${TORCH_BUDGET_S:-120}")
+  ((gpu)) || targs+=(--device cpu --quick)
+  # shellcheck disable=SC2206
+  targs+=(${TORCH_ARGS:-})
+  timeout -k 10 "$((${TORCH_BUDGET_S:-120} + 50))" "$py" "$here/torch_gpu_bench.py" "${targs[@]}" 2>&1 | tee -a "$log"
+fi
+
+section "counts with the measured peaks"
+peaks=$("$py" - "$out/torch_gpu_bench.jsonl" <<'EOF' 2>> "$log"
+import json, sys
+try:
+    pk = next(r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "peaks" and r.get("size") == 8192)
+except (OSError, StopIteration):
+    sys.exit()
+m = {"bf16": "matmul_bf16_TFLOP_s", "fp32": "matmul_fp32_TFLOP_s", "tf32": "matmul_tf32_TFLOP_s"}
+args = [f"--{k}-tflops={pk[v]:.1f}" for k, v in m.items() if v in pk]
+if "d2d_TB_s" in pk: args.append(f"--mem-tbs={pk['d2d_TB_s']:.3f}")
+if "h2d_pinned_GB_s" in pk: args.append(f"--h2d-gbs={pk['h2d_pinned_GB_s']:.1f}")
+names = {"--bf16": "bf16", "--fp32": "fp32", "--tf32": "tf32", "--mem-": "mem", "--h2d-": "h2d"}
+got = [n for p, n in names.items() for a in args if a.startswith(p)]
+print(" ".join(args + ["--measured=" + ",".join(got)] if args else []))
+EOF
+)
+# shellcheck disable=SC2086
+"$py" "$here/counts.py" $peaks > "$out/counts.txt" 2>&1
+say "counts.py ${peaks:-(defaults: no GPU peaks measured)}"
+cat "$out/counts.txt" >> "$log"
+
+section "summary"
+"$py" "$here/summarize_gpu.py" --gpu "$gpu" --tests "$tests_tsv" --locus "$out/gpu_train_bench.tsv" \
+  --torch "$out/torch_gpu_bench.jsonl" > "$out/summary.txt" 2>> "$log" ||
+  { echo "summarize_gpu.py failed; raw tables:"; cat "$tests_tsv" "$out/gpu_train_bench.tsv"; } > "$out/summary.txt"
+cat "$out/summary.txt" >> "$log"
+rm -rf "$work"
+echo
+cat "$out/summary.txt"
+echo "(total $((SECONDS - t_start)) s; full logs in $out: $(ls "$out" | tr '\n' ' '))"

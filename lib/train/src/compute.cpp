@@ -1,0 +1,114 @@
+// The compute backend factory (the one place that knows which backends this build has) and
+// what every backend shares: precision names and argmax hits.
+#include "locus/train/compute.hpp"
+
+#include <fmt/format.h>
+
+#include "cpu/cpu_compute.hpp"
+#include "trainer_impl.hpp"
+#include "locus/comm/error.hpp"
+#include "locus/config.hpp"
+#if LOCUS_WITH_CUDA
+#include "cuda/cuda_compute.hpp"
+#endif
+
+namespace locus::train {
+
+Precision parse_precision(std::string_view name) {
+  if (name == "fp32") return Precision::fp32;
+  if (name == "tf32") return Precision::tf32;
+  if (name == "bf16") return Precision::bf16;
+  throw ConfigError(fmt::format("train.precision = '{}' is unknown: use fp32, tf32 or bf16",
+                                name));
+}
+
+std::string_view to_string(Precision p) noexcept {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::tf32: return "tf32";
+    case Precision::bf16: return "bf16";
+  }
+  return "?";
+}
+
+std::string available_backends() {
+#if LOCUS_WITH_CUDA
+  return fmt::format("cpu, and cuda: {}", cuda::describe_devices());
+#else
+  return "cpu (this build has no CUDA backend: rebuild with CUDA 13 under /usr/local/cuda and "
+         "-DLOCUS_WITH_CUDA=ON)";
+#endif
+}
+
+void validate(const ComputeOptions& options) {
+  if (options.backend == "cpu") {
+    if (options.precision != Precision::fp32) {
+      throw ConfigError(fmt::format("train.precision = {} needs a GPU backend: the cpu backend "
+                                    "computes in fp32 (set train.precision = fp32, or "
+                                    "train.backend = cuda)",
+                                    to_string(options.precision)));
+    }
+    return;
+  }
+#if LOCUS_WITH_CUDA
+  if (options.backend == "cuda") {
+    if (cuda::device_count() == 0) {
+      throw ConfigError(fmt::format("train.backend = cuda, but host {} has {}; available: cpu "
+                                    "(set train.backend = cpu, or run on a GPU node)",
+                                    mpi::hostname(), cuda::describe_devices()));
+    }
+    return;
+  }
+#endif
+  throw ConfigError(fmt::format("train.backend = {} is not available here; available: {}",
+                                options.backend, available_backends()));
+}
+
+std::unique_ptr<Compute> make_compute(const ComputeOptions& options, const mpi::Comm& world,
+                                      TrainState& state, Loss loss) {
+  validate(options);
+#if LOCUS_WITH_CUDA
+  if (options.backend == "cuda") return cuda::make_cuda_compute(options, world, state, loss);
+#else
+  (void)world;
+#endif
+  return detail::make_cpu_compute(state, loss);
+}
+
+void Compute::cache_dataset(std::span<const float>, std::int64_t, std::int64_t) {
+  throw ConfigError(fmt::format("loader.device_cache_mb needs a GPU backend: the {} backend "
+                                "reads batches from host memory (set loader.device_cache_mb = 0)",
+                                name()));
+}
+
+namespace detail {
+
+std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& grads,
+                                                    const mpi::Comm& dp,
+                                                    const comm::ReducerOptions& options) {
+  if (grads.space == comm::MemorySpace::host) {
+    return comm::make_gradient_reducer(dp, grads.host(), options);
+  }
+#if LOCUS_WITH_CUDA
+  return cuda::make_staged_reducer(grads, dp, options);
+#else
+  LOCUS_ASSERT(false, "a device gradient buffer in a build without CUDA");
+  return nullptr;
+#endif
+}
+
+}  // namespace detail
+
+std::int64_t count_correct(std::span<const float> outputs, int rows, int classes,
+                           std::span<const std::int32_t> labels) noexcept {
+  std::int64_t correct = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* z = outputs.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(classes);
+    int best = 0;
+    for (int j = 1; j < classes; ++j) best = z[j] > z[best] ? j : best;  // first max, as the loss
+    correct += best == labels[static_cast<std::size_t>(r)] ? 1 : 0;
+  }
+  return correct;
+}
+
+}  // namespace locus::train

@@ -1,0 +1,91 @@
+// Device selection: one GPU per rank, by node-local rank, and the descriptions messages use.
+#include "cuda/device.hpp"
+
+#include <fmt/format.h>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_compute.hpp"
+
+namespace locus::train::cuda {
+
+namespace {
+
+// Visible devices, or the reason there are none.
+int device_count(std::string& why) {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    why = fmt::format("{} ({})", cudaGetErrorName(rc), cudaGetErrorString(rc));
+    return 0;
+  }
+  if (count == 0) why = "no CUDA device is visible (CUDA_VISIBLE_DEVICES?)";
+  return count;
+}
+
+DeviceInfo info_of(int index) {
+  cudaDeviceProp p{};
+  LOCUS_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+  DeviceInfo d;
+  d.index = index;
+  d.name = p.name;
+  d.memory_gib = static_cast<double>(p.totalGlobalMem) / static_cast<double>(1ull << 30);
+  d.major = p.major;
+  d.minor = p.minor;
+  d.multiprocessors = p.multiProcessorCount;
+  LOCUS_CUDA_CHECK(cudaRuntimeGetVersion(&d.runtime_version));
+  LOCUS_CUDA_CHECK(cudaDriverGetVersion(&d.driver_version));
+  return d;
+}
+
+}  // namespace
+
+int device_count() noexcept {
+  std::string why;
+  return device_count(why);
+}
+
+std::string DeviceInfo::describe() const {
+  return fmt::format("device {} {} ({:.1f} GiB, cc {}.{}, {} SMs)", index, name, memory_gib,
+                     major, minor, multiprocessors);
+}
+
+std::string describe_devices() {
+  std::string why;
+  const int count = device_count(why);
+  if (count == 0) return fmt::format("no device on this host: {}", why);
+  std::string text = fmt::format("{} device{}:", count, count == 1 ? "" : "s");
+  for (int i = 0; i < count; ++i) text += fmt::format(" {}", info_of(i).describe());
+  return text;
+}
+
+DeviceInfo select_device(const mpi::Comm& world, int requested) {
+  MPI_Comm node = MPI_COMM_NULL;
+  LOCUS_MPI_CHECK(MPI_Comm_split_type(world.get(), MPI_COMM_TYPE_SHARED, world.rank(),
+                                      MPI_INFO_NULL, &node));
+  int local_rank = 0;
+  const int rc = MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  LOCUS_MPI_CHECK(rc);
+
+  std::string why;
+  const int count = device_count(why);
+  if (count == 0) {
+    throw ConfigError(fmt::format("train.backend = cuda, but host {} has no usable GPU: {}. "
+                                  "Available here: cpu (set train.backend = cpu), or run on a "
+                                  "GPU node",
+                                  mpi::hostname(), why));
+  }
+  if (requested >= count) {
+    throw ConfigError(fmt::format("train.device = {}, but host {} has {} visible device{} "
+                                  "(0..{}): set train.device = -1 (node-local rank modulo the "
+                                  "devices) or a valid index",
+                                  requested, mpi::hostname(), count, count == 1 ? "" : "s",
+                                  count - 1));
+  }
+  const int index = requested >= 0 ? requested : local_rank % count;
+  LOCUS_CUDA_CHECK(cudaSetDevice(index));
+  return info_of(index);
+}
+
+}  // namespace locus::train::cuda

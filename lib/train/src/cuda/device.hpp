@@ -1,0 +1,26 @@
+// Private to the CUDA backend: which GPU a rank uses and how it is described.
+#pragma once
+
+#include <string>
+
+#include "locus/comm/mpi.hpp"
+
+namespace locus::train::cuda {
+
+struct DeviceInfo {
+  int index = -1;
+  std::string name;
+  double memory_gib = 0;
+  int major = 0, minor = 0;  // compute capability
+  int multiprocessors = 0;
+  int runtime_version = 0, driver_version = 0;
+  // "device 0 NVIDIA H100 80GB HBM3 (79.1 GiB, cc 9.0, 132 SMs)"
+  std::string describe() const;
+};
+
+// Collective over world: the node-local rank (MPI_Comm_split_type SHARED) modulo the visible
+// devices, or `requested` when >= 0; made current with cudaSetDevice. ConfigError (not agreed
+// here) when the host has no usable device or `requested` is out of range.
+DeviceInfo select_device(const mpi::Comm& world, int requested);
+
+}  // namespace locus::train::cuda

@@ -1,0 +1,69 @@
+// Private to the CUDA backend: row-major GEMMs of the MLP through cuBLASLt, which is
+// column-major. A row-major [rows, cols] matrix is the column-major [cols, rows] one with the
+// same bytes, so each product below is computed as its transpose (as llm.c's
+// matmul_cublaslt does):
+//   forward  Z[b, out]  = X[b, in] W^T      as  Z^T = op_T(W) X^T      (m out, n b,  k in)
+//   weights  dW[out, in] = dZ^T X          as  dW^T = X^T op_T(dZ^T)  (m in,  n out, k b)
+//   inputs   dX[b, in]  = dZ W             as  dX^T = W^T dZ^T        (m in,  n b,  k out)
+// One descriptor set and one algorithm per shape, chosen once by cuBLASLt's heuristic with a
+// fixed workspace and never changed (deterministic: the same algorithm gives the same bits),
+// excluding in-place (atomic-counter) split-K reductions.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "cuda/memory.hpp"
+#include "locus/train/compute.hpp"
+
+namespace locus::train::cuda {
+
+enum class Operand { f32, bf16 };
+
+// D (float32, column-major m x n, ld ldd) = op(A) op(B) [+ bias[m] per row of D], where op is
+// the transpose when the flag is set; A and B hold f32 or bf16 as the precision says.
+struct GemmShape {
+  int m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  int lda = 0, ldb = 0, ldd = 0;
+  bool bias = false;
+  int align_a = 256, align_b = 256, align_d = 256;  // bytes the pointers are aligned to
+  auto key() const {
+    return std::tie(m, n, k, trans_a, trans_b, lda, ldb, ldd, bias, align_a, align_b, align_d);
+  }
+  bool operator<(const GemmShape& o) const { return key() < o.key(); }
+};
+
+class Matmul {
+ public:
+  Matmul(Precision precision, std::size_t workspace_bytes = std::size_t{32} << 20);
+  ~Matmul();
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+
+  // Enqueues D = op(A) op(B) (+ bias) on stream. a, b are float* (fp32/tf32) or
+  // __nv_bfloat16* (bf16). The first call of a shape picks its algorithm (not capturable:
+  // run each shape once before capturing a graph).
+  void run(const GemmShape& shape, const void* a, const void* b, float* d, const float* bias,
+           cudaStream_t stream);
+
+  Precision precision() const noexcept { return precision_; }
+  // "cuBLASLt 130000" for checkpoint provenance.
+  static std::string version();
+
+ private:
+  struct Plan;
+  Plan& plan(const GemmShape& shape);
+
+  Precision precision_;
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer<std::uint8_t> workspace_;
+  std::map<GemmShape, Plan*> plans_;
+};
+
+}  // namespace locus::train::cuda

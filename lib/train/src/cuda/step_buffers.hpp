@@ -1,0 +1,71 @@
+// Private to the CUDA backend: the device buffers one forward/backward pass needs for batches
+// of up to `capacity` rows (activations, derivatives, gradients in flight, loss scratch), and
+// the pinned rings that carry per-step scalars to the device and loss sums back.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <vector>
+
+#include "cuda/kernels.hpp"
+#include "cuda/memory.hpp"
+#include "locus/train/model/model.hpp"
+
+namespace locus::train::cuda {
+
+struct StepBuffers {
+  // widths: the model's; training adds what backward reads; bf16 adds the operand copies.
+  StepBuffers(std::span<const int> widths, int capacity, bool training, bool keeps_deriv,
+              bool bf16);
+
+  int capacity = 0;
+  std::vector<DeviceBuffer<float>> out;      // per layer [rows, w_{l+1}]: logits last
+  std::vector<DeviceBuffer<float>> deriv;    // per hidden layer (gelu/tanh): act'(z) * dropout
+  std::vector<DeviceBuffer<__nv_bfloat16>> out_bf16;  // per hidden layer: next GEMM's operand
+  DeviceBuffer<__nv_bfloat16> x_bf16;        // [rows, input width]
+  DeviceBuffer<__nv_bfloat16> dz_bf16;       // [rows, max width]
+  DeviceBuffer<float> out_grad;              // [rows, output width]
+  DeviceBuffer<float> scratch[2];            // [rows, max hidden width] ping-pong dX
+  DeviceBuffer<float> column_scratch;        // column_sums
+  DeviceBuffer<double> row_scratch;          // [rows] loss per row
+};
+
+// The inputs of one step, double-buffered: the copy stream fills slot (k % 2) while the
+// compute stream still reads slot (k - 1) % 2.
+struct InputSlot {
+  InputSlot(int capacity, int input_width, int output_width, bool targets);
+  DeviceBuffer<float> x;                     // [rows, input width] (streamed batches)
+  DeviceBuffer<std::int64_t> resident_rows;  // [rows] (device cache)
+  DeviceBuffer<std::int32_t> labels;         // [rows]
+  DeviceBuffer<std::uint64_t> sample_ids;    // [rows] (dropout)
+  DeviceBuffer<float> targets;               // [rows, output width] (mse)
+  Event copied, consumed;
+};
+
+// Small values written by the host for the device to read at run time (a captured graph reads
+// each replay's), through a ring of pinned slots so an in-flight copy is never overwritten.
+template <class T>
+class ScalarUpload {
+ public:
+  explicit ScalarUpload(int slots = 8) : ring_(static_cast<std::size_t>(slots)), device_(1) {
+    for (int i = 0; i < slots; ++i) done_.push_back(make_event());
+  }
+  T* device() const noexcept { return device_.data(); }
+  // Enqueues *device() = value on stream.
+  void upload(const T& value, cudaStream_t stream) {
+    const std::size_t i = next_++ % ring_.size();
+    LOCUS_CUDA_CHECK(cudaEventSynchronize(done_[i].get()));  // that slot's last copy is done
+    ring_.data()[i] = value;
+    LOCUS_CUDA_CHECK(cudaMemcpyAsync(device_.data(), ring_.data() + i, sizeof(T),
+                                     cudaMemcpyHostToDevice, stream));
+    LOCUS_CUDA_CHECK(cudaEventRecord(done_[i].get(), stream));
+  }
+
+ private:
+  PinnedBuffer<T> ring_;
+  DeviceBuffer<T> device_;
+  std::vector<Event> done_;
+  std::size_t next_ = 0;
+};
+
+}  // namespace locus::train::cuda

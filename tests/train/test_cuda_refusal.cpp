@@ -1,0 +1,48 @@
+// Where the cuda backend cannot run (a build without CUDA or a host without a device, like
+// the CI machines), train.backend = cuda is a ConfigError agreed on every rank (exit 2) that
+// names what is available. Skipped where a device exists.
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+
+#include "agreed_error.hpp"
+#include "locus/train/compute.hpp"
+#include "test_trainer_util.hpp"
+
+namespace locus::train::test {
+namespace {
+
+std::optional<std::string> no_device() {
+  ComputeOptions c;
+  c.backend = "cuda";
+  try {
+    validate(c);
+    return std::nullopt;
+  } catch (const ConfigError& e) {
+    return std::string(e.what());
+  }
+}
+
+// Run where the backend cannot: an agreed ConfigError naming what is available (exit 2).
+TrainOptions cuda_options(const Data& d) {
+  TrainOptions o = small_options(d);
+  o.compute.backend = "cuda";
+  return o;
+}
+
+TEST(CudaRefusal, BackendCudaWithoutADeviceIsAnAgreedConfigError) {
+  const auto why = no_device();
+  if (!why) GTEST_SKIP() << "this host has a CUDA device";
+  EXPECT_NE(why->find("available: cpu"), std::string::npos) << *why;
+  const mpi::Comm world = mpi::Comm::world();
+  Data d(world);
+  const Grid grid(world, 1);
+  const std::string message =
+      locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, cuda_options(d)); });
+  EXPECT_NE(message.find("train.backend = cuda"), std::string::npos) << message;
+  EXPECT_NE(message.find("available: cpu"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace locus::train::test
