@@ -53,6 +53,14 @@ if(LOCUS_WITH_CUDA)
     set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
   endif()
   enable_language(CUDA)
+  # CMake 3.25 knows no nvcc flag for C++20 and, with CXX_STANDARD 20 set, refuses CUDA sources
+  # ("requires the language dialect CUDA20"): tell it the flag nvcc >= 12 takes.
+  if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 endif()
 if(LOCUS_WITH_NCCL AND LOCUS_WITH_CUDA)
   find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda

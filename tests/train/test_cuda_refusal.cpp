@@ -1,6 +1,7 @@
 // Where the cuda backend cannot run (a build without CUDA or a host without a device, like
 // the CI machines), train.backend = cuda is a ConfigError agreed on every rank (exit 2) that
-// names what is available. Skipped where a device exists.
+// names what is available (skipped where a device exists); the GPU-only loader.device_cache_mb
+// is refused for the cpu backend everywhere.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -42,6 +43,21 @@ TEST(CudaRefusal, BackendCudaWithoutADeviceIsAnAgreedConfigError) {
       locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, cuda_options(d)); });
   EXPECT_NE(message.find("train.backend = cuda"), std::string::npos) << message;
   EXPECT_NE(message.find("available: cpu"), std::string::npos) << message;
+}
+
+// The device cache is a GPU feature: asked of the cpu backend it is refused before any data
+// is read, on every rank, naming the key and both ways out (runs on every host).
+TEST(CudaRefusal, DeviceCacheNeedsTheCudaBackend) {
+  const mpi::Comm world = mpi::Comm::world();
+  Data d(world);
+  const Grid grid(world, 1);
+  TrainOptions o = small_options(d);
+  o.device_cache_bytes = std::uint64_t{64} << 20;
+  const std::string message =
+      locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+  EXPECT_NE(message.find("loader.device_cache_mb = 64"), std::string::npos) << message;
+  EXPECT_NE(message.find("train.backend = cpu"), std::string::npos) << message;
+  EXPECT_NE(message.find("set train.backend = cuda"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -104,11 +104,11 @@ PipelineOptions pipeline_options(const TrainOptions& o) {
 
 void validate(const TrainOptions& o) {
   validate(o.compute);
-  require(o.device_cache_bytes == 0,
-          fmt::format("loader.device_cache_mb = {}: the GPU-resident dataset cache is not in this "
-                      "version yet; set loader.device_cache_mb = 0 (batches stream from host "
-                      "memory)",
-                      o.device_cache_bytes >> 20));
+  require(o.device_cache_bytes == 0 || o.compute.backend == "cuda",
+          fmt::format("loader.device_cache_mb = {} keeps the training set in GPU memory, but "
+                      "train.backend = {}: set train.backend = cuda, or loader.device_cache_mb "
+                      "= 0",
+                      o.device_cache_bytes >> 20, o.compute.backend));
   validate(o.model);
   validate(o.optimizer);
   require(o.pipeline_stages >= 1,
@@ -153,12 +153,25 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
       feeds(!pipelined || g.stage() == 0),
       has_eval(!opts.eval_path.empty()),
       state(opts.model, opts.optimizer, held_layers(g, opts)) {
+  // Without pipeline stages the backend comes first: the loaders put their batches where it
+  // copies them fastest (page-locked memory for a GPU), and with the device cache the
+  // training loader hands over row indices instead of features.
+  if (!pipelined) {
+    mpi::agree_on(g.world(),
+                  [&] { compute = make_compute(opts.compute, g.world(), state, opts.loss); });
+  }
   // Loaders only where data enters (stage 0 of each replica); a loader's errors are agreed
   // over its dp communicator, so they are re-agreed over the world for the other stages.
   mpi::agree_on(g.world(), [&] {
     if (!feeds) return;
-    loader = std::make_unique<Loader>(g.dp(), opts.data);
-    if (has_eval) eval_loader = std::make_unique<Loader>(g.dp(), eval_loader_options(opts));
+    LoaderOptions train_data = opts.data;
+    LoaderOptions eval_data = eval_loader_options(opts);
+    if (compute) {
+      train_data.host_memory = eval_data.host_memory = compute->host_memory();
+      train_data.gather_features = opts.device_cache_bytes == 0;
+    }
+    loader = std::make_unique<Loader>(g.dp(), train_data);
+    if (has_eval) eval_loader = std::make_unique<Loader>(g.dp(), eval_data);
   });
   std::int64_t counts[3] = {feeds ? loader->steps_per_epoch() : 0,
                             eval_loader ? eval_loader->steps_per_epoch() : 0,
@@ -205,13 +218,27 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     compute = std::move(p);
     return;
   }
-  mpi::agree_on(g.world(), [&] { compute = make_compute(opts.compute, g.world(), state, opts.loss); });
+  if (opts.device_cache_bytes > 0) mpi::agree_on(g.world(), [&] { cache_on_device(); });
   comm::ReducerOptions ro = opts.reducer;
   // Each rank's loss already divides by the GLOBAL batch (loss.hpp), so the plain sum over
   // ranks is the gradient of the global-batch mean: no division pass.
   ro.mode = comm::ReduceMode::presummed_average;
   reducer = detail::make_reducer(compute->grads(), g.dp(), ro);
   on_grads_ready = [this](int l) { reducer->ready_from(state.model.layout().layer(l).begin()); };
+}
+
+// loader.device_cache_mb: the training loader's resident block (this rank's partition, or the
+// whole set under global shuffle) goes to the device once, if it fits the budget.
+void Trainer::Impl::cache_on_device() {
+  const ResidentData r = loader->resident();
+  const std::uint64_t bytes = r.x.size_bytes();
+  require(bytes <= opts.device_cache_bytes,
+          fmt::format("loader.device_cache_mb = {} is less than the {:.1f} MiB of training "
+                      "samples this rank holds ({} rows x {} features of {}, shuffle {}): "
+                      "raise loader.device_cache_mb, or set it to 0 to stream batches",
+                      opts.device_cache_bytes >> 20, static_cast<double>(bytes) / (1 << 20),
+                      r.rows, r.cols, opts.data.path, to_string(opts.data.shuffle)));
+  compute->cache_dataset(r.x, r.rows, r.cols);
 }
 
 const comm::ReducerStats& Trainer::Impl::reduce_stats() const {
@@ -239,7 +266,8 @@ detail::Sums Trainer::Impl::reduce(detail::Sums local) const {
 }
 
 Batch Trainer::Impl::batch_of(const LoadedBatch& b) {
-  Batch batch{b.x, b.rows, b.y, {}, b.sample_ids};
+  Batch batch{b.x, b.rows, b.y, {}, b.sample_ids, b.x.empty() ? b.resident_rows
+                                                               : std::span<const std::int64_t>()};
   if (opts.loss == Loss::mse) {
     const int width = state.model.layout().output_width();
     targets.assign(static_cast<std::size_t>(b.rows) * static_cast<std::size_t>(width), 0.0f);

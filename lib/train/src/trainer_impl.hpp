@@ -69,6 +69,8 @@ struct Trainer::Impl {
   const LoadedBatch* next_batch();
   // The gradient all-reduce's counters (the trainer's reducer, or the pipeline stage's).
   const comm::ReducerStats& reduce_stats() const;
+  // Collective over the world (agreed): the training samples into the backend's memory.
+  void cache_on_device();
 
   // What one train() call accumulates.
   struct Running {

@@ -35,7 +35,7 @@ class CudaTrainer : public WorldDataSuite {
   }
 };
 
-struct Run {
+struct Outcome {
   std::vector<float> params;
   std::vector<std::vector<float>> optimizer;
   std::vector<StepMetrics> steps;
@@ -52,8 +52,8 @@ TrainOptions options(const Data& d, const std::string& backend, Precision p = Pr
   return o;
 }
 
-Run finish(Trainer& t, Recorder& rec) {
-  Run r;
+Outcome finish(Trainer& t, Recorder& rec) {
+  Outcome r;
   const TrainState& s = t.synced_state();
   r.params.assign(s.model.params().begin(), s.model.params().end());
   for (const auto& b : std::as_const(*s.optimizer).state()) {
@@ -64,7 +64,7 @@ Run finish(Trainer& t, Recorder& rec) {
   return r;
 }
 
-Run train(const TrainOptions& o, std::int64_t stop_at = -1) {
+Outcome train(const TrainOptions& o, std::int64_t stop_at = -1) {
   const Grid grid(mpi::Comm::world(), 1);
   Trainer t(grid, o);
   Recorder rec;
@@ -82,8 +82,8 @@ double relative(std::span<const float> a, std::span<const float> b) {
 }
 
 TEST_F(CudaTrainer, Fp32MatchesTheCpuReference) {
-  const Run cpu = train(options(data(), "cpu"));
-  const Run gpu = train(options(data(), "cuda"));
+  const Outcome cpu = train(options(data(), "cpu"));
+  const Outcome gpu = train(options(data(), "cuda"));
   ASSERT_EQ(gpu.params.size(), cpu.params.size());
   EXPECT_LE(relative(gpu.params, cpu.params), 1e-4);
   ASSERT_EQ(gpu.optimizer.size(), cpu.optimizer.size());
@@ -103,8 +103,8 @@ TEST_F(CudaTrainer, Fp32MatchesTheCpuReference) {
 // bf16 operands (fp32 accumulation and master weights): each interval's mean loss stays within
 // 5% + 0.02 of the fp32 CPU run's (the documented band, README "GPU training").
 TEST_F(CudaTrainer, Bf16LossCurveStaysInItsBand) {
-  const Run cpu = train(options(data(), "cpu"));
-  const Run gpu = train(options(data(), "cuda", Precision::bf16));
+  const Outcome cpu = train(options(data(), "cpu"));
+  const Outcome gpu = train(options(data(), "cuda", Precision::bf16));
   ASSERT_EQ(gpu.steps.size(), cpu.steps.size());
   for (std::size_t i = 0; i < cpu.steps.size(); ++i) {
     EXPECT_NEAR(gpu.steps[i].loss, cpu.steps[i].loss, 0.05 * cpu.steps[i].loss + 0.02)
@@ -116,10 +116,10 @@ TEST_F(CudaTrainer, Bf16LossCurveStaysInItsBand) {
 TEST_F(CudaTrainer, SameConfigTwiceIsBitwiseEqualWithAndWithoutGraphs) {
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     TrainOptions o = options(data(), "cuda", p);
-    const Run a = train(o);
-    const Run b = train(o);
+    const Outcome a = train(o);
+    const Outcome b = train(o);
     o.compute.graphs = false;
-    const Run eager = train(o);
+    const Outcome eager = train(o);
     SCOPED_TRACE(std::string(to_string(p)));
     EXPECT_EQ(a.params, b.params);
     EXPECT_EQ(a.optimizer, b.optimizer);
@@ -136,9 +136,9 @@ TEST_F(CudaTrainer, DeviceCacheTrainsBitwiseLikeTheStreamedPath) {
   for (const Shuffle shuffle : {Shuffle::global, Shuffle::local}) {
     TrainOptions o = options(data(), "cuda");
     o.data.shuffle = shuffle;
-    const Run streamed = train(o);
+    const Outcome streamed = train(o);
     o.device_cache_bytes = std::uint64_t{64} << 20;
-    const Run cached = train(o);
+    const Outcome cached = train(o);
     SCOPED_TRACE(to_string(shuffle));
     EXPECT_EQ(cached.params, streamed.params);
     ASSERT_EQ(cached.steps.size(), streamed.steps.size());
@@ -161,8 +161,8 @@ TEST_F(CudaTrainer, ResumeOnTheGpu) {
     b.state().assign(a.synced_state());
     Recorder rec;
     b.train(&rec);
-    const Run resumed = finish(b, rec);
-    const Run straight = train(options(data(), second));
+    const Outcome resumed = finish(b, rec);
+    const Outcome straight = train(options(data(), second));
     if (std::string(first) == second) {
       EXPECT_EQ(resumed.params, straight.params);
       EXPECT_EQ(resumed.optimizer, straight.optimizer);

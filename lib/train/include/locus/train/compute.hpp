@@ -30,6 +30,8 @@
 
 namespace locus::train {
 
+struct HostMemory;  // data/loader.hpp
+
 // Arithmetic of the matrix products on a device backend (train.precision):
 //   fp32: full float32 (the CPU's arithmetic; the default: results comparable with the CPU
 //         reference, and PyTorch's default for float32 matmuls since 1.12);
@@ -103,6 +105,10 @@ class Compute {
   // the rest of its life; batches then come as Batch::resident_rows instead of x. ConfigError
   // from a backend without such a cache, or when it does not fit.
   virtual void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols);
+
+  // Where the loader should put its batch buffers so this backend copies them at full speed
+  // and asynchronously (page-locked memory on a device backend); null: the ordinary heap.
+  virtual std::shared_ptr<HostMemory> host_memory() { return nullptr; }
 
   // Loads the TrainState's parameters and optimizer state into the backend (host -> device).
   virtual void sync_from_host() {}
