@@ -63,8 +63,14 @@ for t in d.get("tests", []):
     if "-n" in cmd:
         ranks = int(cmd[cmd.index("-n") + 1])
         cmd = cmd[cmd.index("-n") + 2:]
-    exe = next((c for c in cmd if os.path.isfile(c) and os.access(c, os.X_OK)), None)
     name = t["name"]
+    # An app test (tests/apps/*.py BINDIR RANKS): run_gpu.sh runs the script from the
+    # repository with the bundle apps.
+    script = next((c for c in cmd if c.endswith(".py") and "/tests/apps/" in c), None)
+    if script:
+        print(f"{name}\tscript:{os.path.basename(script)}\t{cmd[-1]}")
+        continue
+    exe = next((c for c in cmd if os.path.isfile(c) and os.access(c, os.X_OK)), None)
     if exe:
         print(f"{name}\t{exe}\t{ranks}")
 ' > "$manifest.abs" || true
@@ -74,11 +80,16 @@ while IFS= read -r exe; do
   grep -qF "	$exe	" "$manifest.abs" || printf '%s\t%s\t1\n' "$(basename "$exe")" "$exe" >> "$manifest.abs"
 done < <(find "$build/tests" -path '*/CMakeFiles' -prune -o -path '*/gpu/*' -type f -perm -u+x -print 2> /dev/null | sort)
 while IFS=$'\t' read -r name exe ranks; do
+  if [[ $exe == script:* ]]; then
+    printf '%s\t%s\t%s\n' "$name" "$exe" "$ranks" >> "$manifest"
+    continue
+  fi
   [[ -f $out/tests/$(basename "$exe") ]] || install -s "$exe" "$out/tests/"
   printf '%s\t%s\t%s\n' "$name" "$(basename "$exe")" "$ranks" >> "$manifest"
 done < "$manifest.abs"
 rm -f "$manifest.abs"
 ntests=$(find "$out/tests" -type f ! -name manifest.tsv | wc -l)
+nscripts=$(grep -c $'\tscript:' "$manifest" || true)
 
 # bench/gpu programs, if any are built
 if [[ -d $build/bench/gpu ]]; then
@@ -109,7 +120,7 @@ cp "$repo"/bench/gpu/*.py "$repo"/bench/gpu/*.sh "$out/scripts/"
   grep -E '^(CMAKE_BUILD_TYPE|LOCUS_WITH_CUDA|LOCUS_WITH_NCCL|CMAKE_CUDA_ARCHITECTURES):' "$build/CMakeCache.txt" 2> /dev/null
   echo "apps: $(ls "$out/apps" | tr '\n' ' ')"
   echo "missing apps: ${missing[*]:-none}"
-  echo "gpu tests ($ntests binaries): $(cut -f1,3 "$manifest" | tr '\t\n' ': ' )"
+  echo "gpu tests ($ntests binaries, $nscripts app scripts): $(cut -f1,3 "$manifest" | tr '\t\n' ': ' )"
   echo "lib: $(ls "$out/lib" | tr '\n' ' ')"
   echo "lib-extra: $(ls "$extra" | tr '\n' ' ')"
   echo "cuda libraries the binaries expect from the host: $(for b in $bins; do ldd "$b"; done | awk '$1 ~ /^lib(cudart|cublas|nccl|cuda)/ {print $1}' | sort -u | tr '\n' ' ')"

@@ -55,7 +55,7 @@ def tests_part(rows):
         lines.append(f"  {r['test']:<40} np{r['ranks']:<3} {r['status']:<8} {r['passed']:>4} {r['failed']:>4} {r['skipped']:>4}  {r['seconds']}s")
         for i, k in enumerate(("passed", "failed", "skipped")):
             tot[i] += int(r[k]) if r[k].isdigit() else 0
-    bad = [r["test"] for r in rows if r["status"] != "ok"]
+    bad = [r["test"] for r in rows if r["status"] not in ("ok", "skipped")]
     lines.append(f"  total: {tot[0]} passed, {tot[1]} failed, {tot[2]} skipped; binaries not ok: {', '.join(bad) or 'none'}")
     return lines
 

@@ -121,9 +121,9 @@ TEST_F(CudaKernels, OptimizersMatchCpuOverSeveralSteps) {
             AdamConfig cfg;
             cfg.weight_decay = static_cast<float>(o.weight_decay);
             cfg.decoupled = o.kind == OptimizerKind::adamw;
-            cfg.beta1 = static_cast<float>(o.beta1);
-            cfg.beta2 = static_cast<float>(o.beta2);
-            cfg.eps = static_cast<float>(o.eps);
+            cfg.beta1 = o.beta1;
+            cfg.beta2 = o.beta2;
+            cfg.eps = o.eps;
             adam_update(p.get(), g.get(), a.get(), b.get(), bf(p16), n, cfg, sc.get(),
                         scale.get(), stream_);
           }

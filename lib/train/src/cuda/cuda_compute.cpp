@@ -461,9 +461,9 @@ void CudaCompute::issue_update(bool clip) {
     AdamConfig c;
     c.weight_decay = static_cast<float>(o.weight_decay);
     c.decoupled = o.kind == OptimizerKind::adamw;
-    c.beta1 = static_cast<float>(o.beta1);
-    c.beta2 = static_cast<float>(o.beta2);
-    c.eps = static_cast<float>(o.eps);
+    c.beta1 = o.beta1;
+    c.beta2 = o.beta2;
+    c.eps = o.eps;
     adam_update(params_.data(), grads_.data(), state_a_.data(), state_b_.data(), p16, n_, c,
                 opt_scalars_.device(), grad_scale_.data(), s);
   }
@@ -485,8 +485,11 @@ void CudaCompute::optimizer_step(double lr, double clip_max_norm) {
   const bool clip = clip_max_norm > 0;
   options_clip_ = clip_max_norm;
   if (!clip && !scale_is_one_) {
-    const float one = 1.0f;
-    LOCUS_CUDA_CHECK(cudaMemcpy(grad_scale_.data(), &one, sizeof(one), cudaMemcpyHostToDevice));
+    // On compute_ (a non-blocking stream, which a plain cudaMemcpy would not wait for), so a
+    // previous clipped update still reading the factor is not overtaken.
+    static constexpr float kOne = 1.0f;
+    LOCUS_CUDA_CHECK(cudaMemcpyAsync(grad_scale_.data(), &kOne, sizeof(kOne),
+                                     cudaMemcpyHostToDevice, compute_.get()));
     scale_is_one_ = true;
   }
   if (clip) scale_is_one_ = false;

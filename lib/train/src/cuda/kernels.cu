@@ -8,7 +8,6 @@
 // Expressions mirror the CPU references operation for operation (nvcc runs with --fmad=false,
 // like -ffp-contract=off on the CPU, and with IEEE division and sqrt), so the optimizers give
 // the CPU's bits on the same inputs; only expf/logf/tanhf differ from glibc by an ulp or so.
-#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -59,24 +58,6 @@ RowShape row_shape(int rows, int units) noexcept {
   const unsigned gy = ceil_div(static_cast<std::size_t>(rows), by);
   return {dim3(ceil_div(static_cast<std::size_t>(units), bx), gy < kMaxGridY ? gy : kMaxGridY),
           dim3(bx, by)};
-}
-
-// AdamConfig holds beta1/beta2 as float, but adam.cpp forms 1 - beta from the configured
-// double: float(1.0 - 0.999) is 0.001f while 1.0f - 0.999f is 0.00100004673f, a 5e-5 relative
-// difference in every exp_avg_sq. The configured value is (nearly always) a short decimal, and
-// the shortest decimal that round-trips the float recovers it exactly ("0.999"), so 1 - beta
-// is formed as the CPU forms it. If AdamConfig ever carries doubles, this is the identity.
-template <class T>
-double configured_value(T v) noexcept {
-  if constexpr (sizeof(T) == sizeof(double)) {
-    return v;
-  } else {
-    char text[48];
-    const auto printed = std::to_chars(text, text + sizeof(text), v);
-    double d = static_cast<double>(v);
-    if (printed.ec == std::errc()) std::from_chars(text, printed.ptr, d);
-    return d;
-  }
 }
 
 // ---- device helpers --------------------------------------------------------------------
@@ -827,9 +808,9 @@ void adam_update(float* params, const float* grads, float* exp_avg, float* exp_a
     op.p16 = params_bf16;
     op.decay = config.weight_decay;
     op.beta1 = static_cast<float>(config.beta1);
-    op.one_minus_beta1 = static_cast<float>(1.0 - configured_value(config.beta1));
+    op.one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
     op.beta2 = static_cast<float>(config.beta2);
-    op.one_minus_beta2 = static_cast<float>(1.0 - configured_value(config.beta2));
+    op.one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
     op.eps = static_cast<float>(config.eps);
     op.scalars = scalars;
     op.grad_scale = grad_scale;

@@ -94,10 +94,12 @@ struct SgdConfig {
   float weight_decay = 0, momentum = 0;
   bool nesterov = false;
 };
+// The betas and eps as configured (double): the kernel rounds beta, 1 - beta and eps to float
+// once, as optim/adam.cpp does (float(1 - 0.999) is not 1 - float(0.999)).
 struct AdamConfig {
   float weight_decay = 0;  // adam: L2 added to the gradient
   bool decoupled = false;  // adamw
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
 };
 
 // One fused pass over n parameters, reading grads * (*grad_scale) (the clipping factor,

@@ -1,0 +1,152 @@
+"""locus-train with train.backend = cuda end to end under mpiexec on configs/tiny.ini (label gpu):
+the GPU run against the CPU reference (weights and accuracy within tolerance), bitwise the same
+with and without CUDA graphs and with the device cache, SIGTERM to one rank mid-epoch then
+--resume=auto bitwise equal to an uninterrupted GPU run, and a GPU checkpoint resumed on the CPU
+and a CPU checkpoint on the GPU (each said on resume, each within tolerance). At 2 ranks on a
+1-GPU host both ranks share the device and the gradients go through the host-staged reducer.
+
+Where no GPU can run the backend (no device, or a build without CUDA), it prints why and exits 77,
+which ctest reports as skipped (SKIP_RETURN_CODE)."""
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+
+from apphelpers import check, expect_exit, main
+from test_resume_app import (BASE, EXIT_REQUEUE, expect_same_model, expect_same_steps,
+                             launch_command, latest, prepare, rank_pids, step_lines, tensors,
+                             train, wait_for)
+
+EXIT_SKIP = 77
+CUDA = ["--train.backend=cuda"]
+
+
+def relative(a_path, b_path):
+    """Relative L2 distance of all tensors of two model files, together."""
+    a, b = tensors(a_path), tensors(b_path)
+    check(sorted(a) == sorted(b), "the model files hold other tensors")
+    diff = sum(float(np.sum((a[k].astype(np.float64) - b[k]) ** 2)) for k in a)
+    ref = sum(float(np.sum(b[k].astype(np.float64) ** 2)) for k in b)
+    return (diff / ref) ** 0.5
+
+
+def last_eval(path):
+    import json
+    with open(path) as f:
+        lines = [json.loads(l) for l in f if '"type":"epoch"' in l.replace(" ", "")]
+    check(lines, f"{path} has no epoch line")
+    return lines[-1]
+
+
+def why_no_gpu(r, tmp):
+    """The trainer's own verdict: None when the cuda backend runs here, else its message."""
+    prepare(r, tmp)
+    p = train(r, tmp, *CUDA, "--train.max_steps=1", "--train.output=probe.h5",
+              "--train.metrics=probe.jsonl")
+    if p.returncode == 0:
+        return None
+    text = p.stdout + p.stderr
+    verdict = [l for l in text.splitlines() if "train.backend = cuda" in l]
+    if p.returncode == 2 and verdict and "available: cpu" in verdict[0]:
+        return verdict[0]
+    raise AssertionError(f"the probe run failed otherwise (rc {p.returncode}):\n{text}")
+
+
+def test_cuda_trains_like_the_cpu(r, tmp):
+    prepare(r, tmp)
+    cpu = train(r, tmp, "--train.output=cpu.h5", "--train.metrics=cpu.jsonl")
+    expect_exit(cpu, 0)
+    gpu = train(r, tmp, *CUDA, "--train.output=gpu.h5", "--train.metrics=gpu.jsonl")
+    expect_exit(gpu, 0, "cuda fp32 on")
+    # 126 steps of SGD with momentum: the GEMMs sum in another order than OpenBLAS (the
+    # elementwise kernels and the optimizer compute the CPU's bits), so the weights drift apart
+    # by rounding only.
+    rel = relative(os.path.join(tmp, "gpu.h5"), os.path.join(tmp, "cpu.h5"))
+    check(rel <= 1e-3, f"GPU weights {rel:.2e} (relative) from the CPU's", gpu)
+    a, b = last_eval(os.path.join(tmp, "gpu.jsonl")), last_eval(os.path.join(tmp, "cpu.jsonl"))
+    check(abs(a["eval_accuracy"] - b["eval_accuracy"]) <= 0.01,
+          f"test accuracy {a['eval_accuracy']} on the GPU, {b['eval_accuracy']} on the CPU", gpu)
+
+
+def test_graphs_and_device_cache_give_the_same_bits(r, tmp):
+    prepare(r, tmp)
+    runs = {"graphs": [], "eager": ["--train.graphs=false"],
+            "cached": ["--loader.device_cache_mb=16"]}
+    for name, extra in runs.items():
+        p = train(r, tmp, *CUDA, *extra, f"--train.output={name}.h5",
+                  f"--train.metrics={name}.jsonl")
+        expect_exit(p, 0)
+    want = step_lines(os.path.join(tmp, "graphs.jsonl"))
+    for name in ("eager", "cached"):
+        expect_same_model(os.path.join(tmp, f"{name}.h5"), os.path.join(tmp, "graphs.h5"), name)
+        expect_same_steps(step_lines(os.path.join(tmp, f"{name}.jsonl")), want, name)
+
+
+def test_sigterm_on_the_gpu_resumes_bitwise(r, tmp):
+    prepare(r, tmp)
+    expect_exit(train(r, tmp, *CUDA, "--train.output=u.h5", "--train.metrics=u.jsonl"), 0)
+    want = step_lines(os.path.join(tmp, "u.jsonl"))
+    cmd, env = launch_command(r, "locus-train", *BASE, *CUDA, "--checkpoint.dir=ck",
+                              "--train.output=p.h5", "--train.metrics=p.jsonl",
+                              env={"LOCUS_TEST_HOOK": "ckpt-step-boundary:sleep1"})
+    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = os.path.join(tmp, "p.jsonl")
+        wait_for(lambda: os.path.exists(metrics) and len(step_lines(metrics)) >= 2, proc, 120,
+                 "two steps")
+        pids = rank_pids(proc.pid)
+        check(len(pids) == r.ranks, f"found rank pids {pids}")
+        os.kill(pids[r.ranks - 1], signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    expect_exit(p, EXIT_REQUEUE, "SIGTERM received: checkpointing step")
+    stop = step_lines(os.path.join(tmp, "p.jsonl"))[-1]["step"]
+    check(0 < stop < 126 and stop % 63 != 0, f"stopped at step {stop}, not mid-epoch", p)
+    check(latest(os.path.join(tmp, "ck"))["latest"] == f"ckpt-{stop:08d}.h5", "latest", p)
+    q = train(r, tmp, *CUDA, "--checkpoint.dir=ck", "--resume=auto", "--train.output=p.h5",
+              "--train.metrics=p.jsonl")
+    expect_exit(q, 0, f"resumed from ck/ckpt-{stop:08d}.h5")
+    expect_same_model(os.path.join(tmp, "p.h5"), os.path.join(tmp, "u.h5"), "GPU resumed")
+    expect_same_steps(step_lines(os.path.join(tmp, "p.jsonl")), want, "GPU resumed metrics")
+
+
+def test_checkpoints_cross_between_gpu_and_cpu(r, tmp):
+    prepare(r, tmp)
+    for first, second in ((CUDA, []), ([], CUDA)):
+        tag = "gpu-to-cpu" if first else "cpu-to-gpu"
+        # A whole run on one backend that also checkpoints at step 70 (mid epoch 2) ...
+        p = train(r, tmp, *first, f"--checkpoint.dir=ck-{tag}", "--checkpoint.every_steps=70",
+                  "--checkpoint.keep_last=8", f"--train.output={tag}-first.h5",
+                  f"--train.metrics={tag}-first.jsonl")
+        expect_exit(p, 0)
+        # ... its step-70 checkpoint finished on the other backend, against a whole run there.
+        q = train(r, tmp, *second, f"--checkpoint.dir=ck2-{tag}",
+                  f"--resume=ck-{tag}/ckpt-00000070.h5", f"--train.output={tag}.h5",
+                  f"--train.metrics={tag}.jsonl")
+        expect_exit(q, 0, f"resumed from ck-{tag}/ckpt-00000070.h5",
+                    "written by cuda" if first else "continuing on cuda")
+        expect_exit(train(r, tmp, *second, f"--train.output={tag}-straight.h5",
+                          f"--train.metrics={tag}-straight.jsonl"), 0)
+        straight = os.path.join(tmp, f"{tag}-straight.h5")
+        rel = relative(os.path.join(tmp, f"{tag}.h5"), straight)
+        check(rel <= 1e-3, f"{tag}: {rel:.2e} (relative) from an uninterrupted run", q)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit("usage: test_train_cuda_app.py BINDIR RANKS")
+    import tempfile
+    from apphelpers import AppRunner
+    with tempfile.TemporaryDirectory(prefix="locus-cuda-probe-") as probe_dir:
+        why = why_no_gpu(AppRunner(sys.argv[1], int(sys.argv[2])), probe_dir)
+    if why is not None:
+        print(f"skipped: train.backend = cuda cannot run here: {why}")
+        sys.exit(EXIT_SKIP)
+    main([test_cuda_trains_like_the_cpu, test_graphs_and_device_cache_give_the_same_bits,
+          test_sigterm_on_the_gpu_resumes_bitwise, test_checkpoints_cross_between_gpu_and_cpu])
