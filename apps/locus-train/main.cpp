@@ -103,6 +103,7 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     for (std::size_t r = 0; r < devices.size(); ++r) {
       say(fmt::format("  rank {}: {}", r, devices[r]));
     }
+    say(fmt::format("  gradient all-reduce: {}", trainer->reducer_description()));
   }
   if (resumed.resumed && world.is_root()) {
     const train::CheckpointMeta& m = resumed.meta;

@@ -103,6 +103,14 @@ void TrainSettings::register_options(Config& c) {
         "gradient all-reduce bucket (KiB), cut from the last layer: smaller ones start during "
         "backward (a gain only where the transport progresses on its own, e.g. RDMA)",
         in_range(std::int64_t{1}, std::int64_t{1} << 20));
+  c.add_choice("train.reducer", reducer, {"auto", "mpi", "nccl"},
+               "gradient all-reduce over the data-parallel ranks (auto: NCCL for GPU gradients "
+               "where every rank has a GPU of its own, else MPI, host-staged for GPU "
+               "gradients; nccl: an error where NCCL cannot run; cpu backend: MPI)");
+  c.add("train.reducer_timeout_s", reducer_timeout_s,
+        "nccl: seconds a rank waits for a gradient all-reduce before it aborts the job "
+        "naming the collective (0: forever; time stopped by SIGSTOP does not count)",
+        in_range(0.0, 1e9));
   c.add("train.log_every", log_every, "steps per metrics line (0: epoch ends only)",
         at_least(0));
   c.add("train.output", output, "model file to write (empty: none)");
@@ -251,6 +259,8 @@ train::TrainOptions TrainSettings::to_options() const {
   o.compute.graphs = graphs;
   o.device_cache_bytes = static_cast<std::uint64_t>(device_cache_mb) << 20;
   o.reducer.bucket_bytes = static_cast<std::size_t>(bucket_kb) << 10;
+  o.reducer.backend = comm::parse_reducer_backend(reducer);
+  o.reducer.timeout_s = reducer_timeout_s;
   train::validate(o);
   return o;
 }

@@ -352,3 +352,39 @@ TEST(Reducer, MismatchedBufferLengthsAreRejectedEverywhere) {
     EXPECT_NE(std::string(e.what()).find("from 100 to 101"), std::string::npos) << e.what();
   }
 }
+
+// train.reducer = nccl on host gradients, and nccl where NCCL cannot reduce them, are agreed
+// ConfigErrors naming the setting and the way out; the reason is the same on every rank.
+TEST(Reducer, NcclIsRefusedWhereItCannotRun) {
+  mpi::Comm world = mpi::Comm::world();
+  std::vector<float> grads(64);
+  ReducerOptions o;
+  o.backend = comm::ReducerBackend::nccl;
+  try {
+    comm::make_gradient_reducer(world, grads, o);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(e.agreed());
+    const std::string what = e.what();
+    EXPECT_NE(what.find("train.reducer = nccl"), std::string::npos) << what;
+    EXPECT_NE(what.find("train.reducer = auto or mpi"), std::string::npos) << what;
+  }
+  const comm::GradientBuffer host{grads.data(), grads.size(), comm::MemorySpace::host, nullptr};
+  const std::string why = comm::nccl_unusable_reason(world, host);
+  EXPECT_FALSE(why.empty());
+  EXPECT_TRUE(why == "the gradients are in host memory" ||
+              why == "this build has no NCCL (LOCUS_WITH_NCCL=0)") << why;
+  try {
+    comm::make_nccl_reducer(world, host, o);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(e.agreed());
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(comm::parse_reducer_backend("auto"), comm::ReducerBackend::automatic);
+  EXPECT_EQ(comm::to_string(comm::parse_reducer_backend("nccl")), "nccl");
+  EXPECT_THROW(comm::parse_reducer_backend("gloo"), ConfigError);
+  ReducerOptions bad;
+  bad.timeout_s = -1;
+  EXPECT_THROW(comm::make_gradient_reducer(world, grads, bad), ConfigError);
+}

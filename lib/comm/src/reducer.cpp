@@ -11,6 +11,9 @@
 #include "locus/comm/agree.hpp"
 #include "locus/config.hpp"
 #include "mpi_reducer.hpp"
+#if LOCUS_WITH_NCCL
+#include "nccl_reducer.hpp"
+#endif
 
 namespace locus::comm {
 
@@ -28,6 +31,9 @@ constexpr int max_in_flight_limit = 64;
 
 // Local checks; the caller agrees on the verdict across ranks.
 void validate(const ReducerOptions& o) {
+  if (!(o.timeout_s >= 0))
+    throw ConfigError(fmt::format("train.reducer_timeout_s = {} is invalid: use 0 (wait forever) "
+                                  "or a positive number of seconds", o.timeout_s));
   if (o.bucket_bytes < sizeof(float))
     throw ConfigError(fmt::format("reducer bucket_bytes={} holds no float: set it to at least "
                                   "{} (a few MiB is typical)", o.bucket_bytes, sizeof(float)));
@@ -77,23 +83,81 @@ double ReduceTimes::hidden_fraction() const noexcept {
   return std::clamp(1.0 - blocked_s / comm_s, 0.0, 1.0);
 }
 
+ReducerBackend parse_reducer_backend(std::string_view name) {
+  if (name == "auto") return ReducerBackend::automatic;
+  if (name == "mpi") return ReducerBackend::mpi;
+  if (name == "nccl") return ReducerBackend::nccl;
+  throw ConfigError(fmt::format("train.reducer = {} is not a reducer: use auto, mpi or nccl",
+                                name));
+}
+
+std::string_view to_string(ReducerBackend b) noexcept {
+  switch (b) {
+    case ReducerBackend::mpi: return "mpi";
+    case ReducerBackend::nccl: return "nccl";
+    case ReducerBackend::automatic: return "auto";
+  }
+  return "?";
+}
+
 std::unique_ptr<GradientReducer> make_gradient_reducer(const mpi::Comm& comm,
                                                        std::span<float> grads,
                                                        const ReducerOptions& options) {
   mpi::agree_on(comm, [&] {
     validate(options);
     if (options.backend == ReducerBackend::nccl) {
-#if LOCUS_WITH_NCCL
-      throw ConfigError("the NCCL gradient reducer is not implemented yet: use the mpi "
-                        "reducer backend");
-#else
-      throw ConfigError("this build has no NCCL (LOCUS_WITH_NCCL=0): use the mpi reducer "
-                        "backend, or rebuild with CUDA and NCCL installed");
-#endif
+      throw ConfigError(fmt::format(
+          "train.reducer = nccl reduces GPU gradients, but these are in host memory: set "
+          "train.reducer = auto or mpi, or train.backend = cuda ({})",
+          LOCUS_WITH_NCCL ? "this build has NCCL" : "this build has no NCCL"));
     }
   });
   check_same_everywhere(comm, grads.size(), options);
   return std::make_unique<detail::MpiReducer>(comm.dup(), grads, options);
+}
+
+std::string nccl_unusable_reason(const mpi::Comm& comm, const GradientBuffer& grads) {
+  if (!LOCUS_WITH_NCCL) return "this build has no NCCL (LOCUS_WITH_NCCL=0)";
+  // Every rank sees the same space (one backend for the job); the device check is collective.
+  if (grads.space != MemorySpace::cuda) return "the gradients are in host memory";
+#if LOCUS_WITH_NCCL
+  return detail::duplicate_device_reason(comm);
+#else
+  (void)comm;
+  return "";
+#endif
+}
+
+std::unique_ptr<GradientReducer> make_nccl_reducer(const mpi::Comm& comm,
+                                                   const GradientBuffer& grads,
+                                                   const ReducerOptions& options) {
+  mpi::agree_on(comm, [&] { validate(options); });
+  const std::string why = nccl_unusable_reason(comm, grads);
+  mpi::agree_on(comm, [&] {
+    if (!why.empty()) {
+      throw ConfigError(fmt::format("train.reducer = nccl cannot be used: {}. Set "
+                                    "train.reducer = auto (the host-staged MPI reducer where "
+                                    "NCCL cannot run) or mpi, or give every rank a GPU of its "
+                                    "own",
+                                    why));
+    }
+  });
+  check_same_everywhere(comm, grads.size, options);
+#if LOCUS_WITH_NCCL
+  LOCUS_ASSERT(grads.stream != nullptr, "a device gradient buffer needs its producer stream");
+  return detail::make_nccl(comm.dup(), grads, options);
+#else
+  LOCUS_ASSERT(false, "unreachable: no NCCL in this build");
+  return nullptr;
+#endif
+}
+
+std::string nccl_version() {
+#if LOCUS_WITH_NCCL
+  return detail::nccl_version();
+#else
+  return "no NCCL in this build";
+#endif
 }
 
 }  // namespace locus::comm

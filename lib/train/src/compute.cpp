@@ -85,9 +85,18 @@ namespace detail {
 
 std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& grads,
                                                     const mpi::Comm& dp,
-                                                    const comm::ReducerOptions& options) {
+                                                    const comm::ReducerOptions& options,
+                                                    std::string* why) {
   if (grads.space == comm::MemorySpace::host) {
     return comm::make_gradient_reducer(dp, grads.host(), options);
+  }
+  if (options.backend == comm::ReducerBackend::nccl) {
+    return comm::make_nccl_reducer(dp, grads, options);
+  }
+  if (options.backend == comm::ReducerBackend::automatic) {
+    const std::string reason = comm::nccl_unusable_reason(dp, grads);
+    if (reason.empty()) return comm::make_nccl_reducer(dp, grads, options);
+    if (why != nullptr) *why = reason;
   }
 #if LOCUS_WITH_CUDA
   return cuda::make_staged_reducer(grads, dp, options);

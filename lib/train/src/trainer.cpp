@@ -223,7 +223,7 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
   // Each rank's loss already divides by the GLOBAL batch (loss.hpp), so the plain sum over
   // ranks is the gradient of the global-batch mean: no division pass.
   ro.mode = comm::ReduceMode::presummed_average;
-  reducer = detail::make_reducer(compute->grads(), g.dp(), ro);
+  reducer = detail::make_reducer(compute->grads(), g.dp(), ro, &reducer_note);
   on_grads_ready = [this](int l) { reducer->ready_from(state.model.layout().layer(l).begin()); };
 }
 
@@ -325,6 +325,15 @@ const TrainState& Trainer::synced_state() {
 }
 const TrainOptions& Trainer::options() const noexcept { return impl_->opts; }
 std::string Trainer::compute_description() const { return impl_->compute->describe(); }
+
+std::string Trainer::reducer_description() const {
+  const Impl& m = *impl_;
+  if (m.pipeline != nullptr) return std::string(m.pipeline->stage().reducer().name());
+  std::string text(m.reducer->name());
+  if (text == "nccl") text += " (" + comm::nccl_version() + ")";
+  if (!m.reducer_note.empty()) text += " (train.reducer = auto: not NCCL, as " + m.reducer_note + ")";
+  return text;
+}
 const Grid& Trainer::grid() const noexcept { return impl_->grid; }
 std::int64_t Trainer::steps_per_epoch() const noexcept { return impl_->steps_per_epoch; }
 std::int64_t Trainer::planned_steps() const noexcept { return impl_->planned_steps; }

@@ -34,11 +34,14 @@ struct Mark {
   double comm_s = 0, blocked_s = 0, wait_s = 0;
 };
 
-// The gradient reducer for a backend's buffer over dp: the MPI reducer on host memory; on
-// device memory the host-staged one of the CUDA backend. Collective over dp.
+// The gradient reducer for a backend's buffer over dp (train.reducer): host memory: the MPI
+// reducer (nccl is a ConfigError); device memory: NCCL (nccl, or auto where NCCL can be used)
+// or the CUDA backend's host-staged MPI reducer (mpi, or auto elsewhere, *why says why NCCL
+// was not taken). Collective over dp.
 std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& grads,
                                                     const mpi::Comm& dp,
-                                                    const comm::ReducerOptions& options);
+                                                    const comm::ReducerOptions& options,
+                                                    std::string* why = nullptr);
 
 }  // namespace locus::train::detail
 
@@ -114,6 +117,7 @@ struct Trainer::Impl {
   std::unique_ptr<Compute> compute;
   PipelineCompute* pipeline = nullptr;  // compute, when pipelined
   std::unique_ptr<comm::GradientReducer> reducer;  // not pipelined (the stage has its own)
+  std::string reducer_note;  // why train.reducer = auto did not take NCCL (device gradients)
   GradsReadyFn on_grads_ready;
   std::vector<float> targets;  // mse: one-hot labels of the current batch
   double last_lr = 0;

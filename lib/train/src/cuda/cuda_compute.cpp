@@ -106,8 +106,11 @@ class CudaCompute final : public Compute {
   void check_labels(const Batch& batch) const;
   void upload_inputs(const Batch& batch, InputSlot& slot);
   // The step's first half on compute_ (capturable): inputs of slot -> grads_, loss -> stats_.
-  void issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bool training);
-  void issue_backward(StepBuffers& w, const void* x_op, int rows);
+  // ready (may be null): called for each layer, last first, as soon as its gradient work is
+  // enqueued (eager steps: a reducer starts on it while the layers below still compute).
+  void issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bool training,
+                  const GradsReadyFn* ready = nullptr);
+  void issue_backward(StepBuffers& w, const void* x_op, int rows, const GradsReadyFn* ready);
   void issue_update(bool clip);
   void gemm(int m, int n, int k, bool ta, bool tb, const void* a, int lda, const void* b, int ldb,
             float* d, int ldd);
@@ -289,7 +292,8 @@ void CudaCompute::gemm(int m, int n, int k, bool ta, bool tb, const void* a, int
   matmul_.run(s, a, b, d, nullptr, compute_.get());
 }
 
-void CudaCompute::issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bool training) {
+void CudaCompute::issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bool training,
+                             const GradsReadyFn* ready) {
   cudaStream_t s = compute_.get();
   const ModelSpec& spec = state_.model.spec();
   const float* x = slot.x.data();
@@ -332,10 +336,11 @@ void CudaCompute::issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bo
     mean_squared_error(logits, slot.targets.data(), slot.labels.data(), dlogits, inv,
                        w.row_scratch.data(), stats_.data(), rows, output_width(), s);
   }
-  if (training) issue_backward(w, x_op, rows);
+  if (training) issue_backward(w, x_op, rows, ready);
 }
 
-void CudaCompute::issue_backward(StepBuffers& w, const void* x_op, int rows) {
+void CudaCompute::issue_backward(StepBuffers& w, const void* x_op, int rows,
+                                 const GradsReadyFn* ready) {
   cudaStream_t s = compute_.get();
   const float p = state_.model.spec().dropout;
   const float relu_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -353,6 +358,8 @@ void CudaCompute::issue_backward(StepBuffers& w, const void* x_op, int rows) {
     // dW^T (in x out) = X^T (in x rows) op_T(dZ^T) (dZ row-major [rows, out] = out x rows).
     gemm(ly.in, ly.out, rows, false, true, in_op, ly.in, dz_op, ly.out,
          grads_.data() + ly.weight_offset, ly.in);
+    // Layer l is complete: its bias gradient was summed before (from dz).
+    if (ready != nullptr && *ready) (*ready)(l);
     if (l == 0) break;
     // dX^T (in x rows) = W^T (in x out) dZ^T (out x rows).
     float* dx = w.scratch[l % 2].data();
@@ -422,11 +429,15 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   InputSlot& slot = slots_[passes_ % 2];
   const std::uint64_t parity = passes_ % 2;
   ++passes_;
+  bool announced = false;
   pass_scalars_.upload(PassScalars{step, static_cast<float>(1.0 / grad_divisor)}, compute_.get());
   upload_inputs(batch, slot);
   if (rows == 0) {
     LOCUS_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), compute_.get()));
     LOCUS_CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, sizeof(DeviceLossStats), compute_.get()));
+  } else if (!options_.graphs) {  // eager: each layer announced as its work is enqueued
+    issue_pass(*train_ws_, slot, rows, true, &on_grads_ready);
+    announced = true;
   } else {
     run_graph(pass_graphs_, (static_cast<std::uint64_t>(rows) << 1) | parity,
               [&] { issue_pass(*train_ws_, slot, rows, true); });
@@ -435,7 +446,7 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   store_stats(rows);
   // The gradients' work is enqueued: announce every layer (a reducer orders itself after it
   // on grads().stream). Inside a graph the layers cannot be announced one by one.
-  if (on_grads_ready) {
+  if (on_grads_ready && !announced) {
     for (int l = layers() - 1; l >= 0; --l) on_grads_ready(l);
   }
   // The loader may reuse the batch's host memory once we return.

@@ -1,19 +1,25 @@
-// The data-parallel gradient reducer: a small interface chosen once at start-up (MPI now, NCCL
-// later) that averages a contiguous float gradient buffer across the data-parallel
-// communicator, bucket by bucket while the backward pass is still running.
+// The data-parallel gradient reducer: a small interface chosen once at start-up (MPI for host
+// buffers; NCCL, or MPI host-staged by lib/train, for device buffers) that averages a
+// contiguous float gradient buffer across the data-parallel communicator, bucket by bucket
+// while the backward pass is still running.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "locus/comm/mpi.hpp"
 
 namespace locus::comm {
 
-enum class ReducerBackend { mpi, nccl };
+// train.reducer: automatic = NCCL for device gradients where NCCL can be used (one GPU per
+// rank), else MPI (host-staged for device gradients); mpi; nccl (an error where it cannot).
+enum class ReducerBackend { mpi, nccl, automatic };
+ReducerBackend parse_reducer_backend(std::string_view name);  // "auto" | "mpi" | "nccl"
+std::string_view to_string(ReducerBackend b) noexcept;
 
 // Where a gradient buffer lives.
 enum class MemorySpace { host, cuda };
@@ -57,6 +63,10 @@ struct ReducerOptions {
   std::size_t small_bytes = std::size_t{32} << 10;
   // Chunks in flight at once. Scratch memory is about max_in_flight * chunk_bytes.
   int max_in_flight = 4;
+  // NCCL: how long the host waits for a collective (polling NCCL's asynchronous error state)
+  // before it aborts the communicator and throws an NcclError; 0: forever. Time a process
+  // spends stopped (SIGSTOP, a suspended Slurm job) is not counted.
+  double timeout_s = 600;
 };
 
 // Timings of the streaming path (seconds).
@@ -128,5 +138,22 @@ class GradientReducer {
 std::unique_ptr<GradientReducer> make_gradient_reducer(const mpi::Comm& comm,
                                                        std::span<float> grads,
                                                        const ReducerOptions& options = {});
+
+// Why the NCCL reducer cannot reduce `grads` over comm, or "" when it can. Collective over
+// comm (the ranks compare their devices). Reasons: a build without NCCL, gradients in host
+// memory, two ranks on one GPU (NCCL refuses them in one communicator), a rank without a
+// device.
+std::string nccl_unusable_reason(const mpi::Comm& comm, const GradientBuffer& grads);
+
+// Collective over comm (duplicated): the NCCL reducer of a device buffer written on
+// grads.stream. Where it cannot be used, a ConfigError (agreed) naming the reason and what to
+// set instead. Options as make_gradient_reducer's (mode: presummed_average = ncclSum,
+// average = ncclAvg; the chunk options do not apply).
+std::unique_ptr<GradientReducer> make_nccl_reducer(const mpi::Comm& comm,
+                                                   const GradientBuffer& grads,
+                                                   const ReducerOptions& options);
+
+// "NCCL 2.28.9", or "no NCCL in this build".
+std::string nccl_version();
 
 }  // namespace locus::comm

@@ -52,7 +52,9 @@ struct TrainOptions {
   // cuda: bytes of this rank's training partition that may be cached on the device (0: batches
   // are streamed from pinned host memory every step)
   std::uint64_t device_cache_bytes = 0;
-  comm::ReducerOptions reducer;   // mode is set by the trainer (sums of pre-divided grads)
+  // train.reducer (auto: NCCL for device gradients where possible); mode is set by the trainer
+  // (sums of pre-divided grads).
+  comm::ReducerOptions reducer{comm::ReducerBackend::automatic};
 };
 
 // Local checks of the options alone (ConfigError naming the config key); the trainer runs
@@ -129,6 +131,9 @@ class Trainer {
   const TrainOptions& options() const noexcept;
   // The compute backend's description (Compute::describe()) on this rank.
   std::string compute_description() const;
+  // The gradient reducer on this rank: "mpi", "mpi-host-staged", "nccl (NCCL 2.28.9)", with why
+  // train.reducer = auto did not take NCCL where that applies.
+  std::string reducer_description() const;
   const Grid& grid() const noexcept;
   std::int64_t steps_per_epoch() const noexcept;
   // min(epochs * steps_per_epoch, max_steps when > 0)

@@ -1,0 +1,149 @@
+// The NCCL gradient reducer (lib/comm/src/nccl_reducer.cpp) on real devices: the streaming
+// protocol (ready_from per layer, then finish) against MPI's sum of the same host values,
+// ordered after the work its producer stream had queued, bitwise repeatable; the average mode
+// against MPI's sum divided by the size. Where the ranks share a GPU (2 ranks on a 1-GPU host)
+// NCCL cannot form one communicator: then the refusal itself is checked, with the reason
+// train.reducer = auto prints before it falls back to the host-staged reducer.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "locus/comm/reducer.hpp"
+
+namespace locus::comm {
+namespace {
+
+void cuda(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
+  }
+}
+#define CU(call) cuda((call), #call)
+
+std::optional<std::string> no_device() {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return std::string("no CUDA device (") + cudaGetErrorString(rc) +
+           "): GPU tests run on a GPU host (bench/gpu)";
+  }
+  return std::nullopt;
+}
+
+class NcclReducer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Agreed over the world: either every rank skips or none does.
+    const int missing = mpi::Comm::world().allreduce(no_device() ? 1 : 0, MPI_MAX);
+    if (missing != 0) GTEST_SKIP() << (no_device() ? *no_device() : "a peer rank has no device");
+    int count = 0;
+    CU(cudaGetDeviceCount(&count));
+    CU(cudaSetDevice(mpi::Comm::world().rank() % count));
+    CU(cudaStreamCreateWithFlags(&producer_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (producer_ != nullptr) cudaStreamDestroy(producer_);
+  }
+  // Collective: whether the world's ranks can share one NCCL communicator; else the reason.
+  std::string reason(const GradientBuffer& g) {
+    return nccl_unusable_reason(mpi::Comm::world(), g);
+  }
+  cudaStream_t producer_ = nullptr;
+};
+
+// Values of element i on rank r: exact in float, different per rank and element.
+float value(int r, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 2654435761u + 97u * static_cast<unsigned>(r)) %
+                                             2001u) - 1000) / 64.0f;
+}
+
+TEST_F(NcclReducer, StreamsBucketsAfterTheProducerAndMatchesMpi) {
+  const mpi::Comm world = mpi::Comm::world();
+  constexpr std::size_t n = (std::size_t{1} << 20) + 3;  // buckets of 64 KiB, a short first one
+  float* d = nullptr;
+  CU(cudaMalloc(&d, n * sizeof(float)));
+  GradientBuffer g{d, n, MemorySpace::cuda, producer_};
+  const std::string why = reason(g);
+  if (!why.empty()) {
+    // The ranks share a device: make_nccl_reducer refuses on every rank, naming why.
+    ReducerOptions o;
+    o.backend = ReducerBackend::nccl;
+    try {
+      make_nccl_reducer(world, g, o);
+      ADD_FAILURE() << "NCCL accepted ranks that " << why;
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(e.agreed());
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    cudaFree(d);
+    GTEST_SKIP() << "the NCCL path needs a GPU per rank here: " << why;
+  }
+  std::vector<float> mine(n), want(n);
+  for (std::size_t i = 0; i < n; ++i) mine[i] = value(world.rank(), i);
+  want = mine;
+  world.allreduce_inplace(std::span<float>(want), MPI_SUM);
+
+  float* pinned = nullptr;
+  CU(cudaMallocHost(&pinned, n * sizeof(float)));
+  float* slow = nullptr;  // 256 MiB the producer copies first: a reducer that did not wait for
+  constexpr std::size_t kSlow = std::size_t{64} << 20;  // its stream would read stale values
+  CU(cudaMalloc(&slow, 2 * kSlow * sizeof(float)));
+
+  for (const ReduceMode mode : {ReduceMode::presummed_average, ReduceMode::average}) {
+    ReducerOptions o;
+    o.backend = ReducerBackend::nccl;
+    o.mode = mode;
+    o.bucket_bytes = std::size_t{64} << 10;
+    o.timeout_s = 120;
+    auto reducer = make_nccl_reducer(world, g, o);
+    EXPECT_EQ(reducer->name(), "nccl");
+    std::vector<float> first;
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE(::testing::Message() << "mode " << static_cast<int>(mode) << " step " << step);
+      CU(cudaMemsetAsync(d, 0xFF, n * sizeof(float), producer_));  // NaN until the copy lands
+      CU(cudaMemcpyAsync(slow + kSlow, slow, kSlow * sizeof(float), cudaMemcpyDeviceToDevice,
+                         producer_));
+      std::memcpy(pinned, mine.data(), n * sizeof(float));
+      CU(cudaMemcpyAsync(d, pinned, n * sizeof(float), cudaMemcpyHostToDevice, producer_));
+      // "Layers" become ready from the end, at uneven offsets, as a backward pass makes them.
+      for (const std::size_t off : {n - 10, n - 70000, std::size_t{500000}, std::size_t{3}}) {
+        reducer->ready_from(off);
+      }
+      reducer->finish();
+      std::vector<float> got(n);
+      CU(cudaMemcpyAsync(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, producer_));
+      CU(cudaStreamSynchronize(producer_));
+      const float scale = mode == ReduceMode::average ? 1.0f / static_cast<float>(world.size())
+                                                      : 1.0f;
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float w = want[i] * scale;
+        // Up to 2 ranks a sum of two floats is order-free: exact; beyond, NCCL's ring order
+        // may differ from MPI's, within a few ulps of the magnitudes.
+        const float tol = world.size() <= 2 ? 0.0f : 1e-5f * (std::abs(w) + 1.0f);
+        bad += !(std::abs(got[i] - w) <= tol) ? 1 : 0;
+      }
+      EXPECT_EQ(bad, 0u) << "elements differing from MPI's sum";
+      if (step == 0) {
+        first = got;
+      } else {
+        EXPECT_EQ(std::memcmp(first.data(), got.data(), n * sizeof(float)), 0)
+            << "not bitwise repeatable";
+      }
+    }
+    EXPECT_EQ(reducer->stats().steps, 3);
+  }
+  cudaFree(slow);
+  cudaFreeHost(pinned);
+  cudaFree(d);
+}
+
+}  // namespace
+}  // namespace locus::comm
