@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds locus with sanitizers (no CUDA) and runs tests under them, with the runtime options and
+# the suppressions of tests/sanitizers/ (each says why it is there; none is for locus code).
+#   scripts/sanitize.sh asan [ctest args...]   ASan + UBSan, in build-asan/
+#   scripts/sanitize.sh tsan [ctest args...]   TSan, in build-tsan/
+# Without ctest args it runs the selection CI runs (below); e.g. `scripts/sanitize.sh asan -L mpi`
+# or `scripts/sanitize.sh tsan -LE slurm` for the long versions (README, "Sanitizers").
+# A finding fails the test that made it: ASan and TSan exit non-zero (exitcode=66) and UBSan
+# aborts (-fno-sanitize-recover), and the report is in the test's output.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+kind=${1:?usage: scripts/sanitize.sh asan|tsan [ctest args...]}
+shift
+supp=$root/tests/sanitizers
+case $kind in
+  asan)
+    flags=address,undefined
+    # The unit and MPI suites of the libraries: parsers, HDF5 round trips, the reducer, the
+    # loader, checkpoints, the model and optimizers, inference (about 4 minutes on 2 cores).
+    targets=(test_comm test_reducer test_h5 test_sources test_raw_io test_loader test_checkpoint
+             test_train_model test_train_optim test_scorer test_work_queue)
+    select=(-R '^(test_comm|test_reducer|test_h5|test_sources|test_raw_io|test_loader|test_checkpoint|test_train_model|test_train_optim|test_scorer|test_work_queue)(\.np[12])?$')
+    export ASAN_OPTIONS="detect_leaks=1:exitcode=66:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
+    export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+    export UBSAN_OPTIONS="suppressions=$supp/ubsan.supp:print_stacktrace=1:halt_on_error=1"
+    ;;
+  tsan)
+    flags=thread
+    # The threads of locus: the loader's producer, the asynchronous checkpointer, the infer
+    # compute thread and its reader ring.
+    targets=(test_loader test_checkpoint test_checkpoint_resume test_pipeline_parts)
+    select=(-R '^(test_loader|test_checkpoint|test_checkpoint_resume|test_pipeline_parts)\.np[12]$')
+    export TSAN_OPTIONS="suppressions=$supp/tsan.supp:exitcode=66:halt_on_error=0:second_deadlock_stack=1:history_size=4"
+    ;;
+  *)
+    echo "scripts/sanitize.sh: unknown kind '$kind': use asan or tsan" >&2
+    exit 2
+    ;;
+esac
+build=$root/build-$kind
+# Single-threaded BLAS (its pool is not instrumented) and Open MPI as in the other tests.
+export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if (($# > 0)); then select=("$@"); targets=(); fi
+LOCUS_BUILD_DIR=$build "$root/scripts/build.sh" -DLOCUS_WITH_CUDA=OFF -DLOCUS_SANITIZE=$flags \
+  -DLOCUS_WERROR=ON -DLOCUS_BUILD_BENCH=OFF -- "${targets[@]}"
+cd "$build"
+ctest -j "$(nproc)" --output-on-failure "${select[@]}"
