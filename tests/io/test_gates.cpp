@@ -1,6 +1,6 @@
 // Data-quality gates: each rule fires on a crafted bad input with the measured value and the
 // threshold in the report, passes on good input, and the JSON report parses and is identical
-// on every rank. Also the JSON writer on its own.
+// on every rank. (dump_json on its own: test_json.cpp.)
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +11,6 @@
 
 #include "locus/comm/error.hpp"
 #include "locus/io/gates.hpp"
-#include "locus/io/json.hpp"
 
 using namespace locus;
 using namespace locus::io;
@@ -359,31 +358,4 @@ TEST(Gates, DriftRulesWithoutReferenceAreConfigErrorsOnEveryRank) {
   cfg = GateConfig{};
   cfg.psi_bins = 0;
   EXPECT_THROW(evaluate_gates(world, mine, cfg, s, nullptr, nullptr), ConfigError);
-}
-
-TEST(Json, WriterEscapesAndRoundTrips) {
-  mpi::Comm world = mpi::Comm::world();
-  const std::string tricky = "q\"b\\n\nt\tc\x01 \xc3\xa9 bad\xff\xc3";
-  std::mt19937_64 rng(3);
-  std::vector<double> nums = {0.1, -0.0, 1e300, 5e-324, 1.0 / 3.0, 784, -2.5e-8};
-  for (int i = 0; i < 50; ++i) nums.push_back(std::ldexp(static_cast<double>(rng() >> 11), -30));
-  for (double v : nums) EXPECT_EQ(std::strtod(json_number(v).c_str(), nullptr), v) << v;
-  EXPECT_EQ(json_number(NAN), "null");
-  EXPECT_EQ(json_number(-INFINITY), "null");
-  EXPECT_EQ(json_string("a\"b\\c\n\x1f"), "\"a\\\"b\\\\c\\n\\u001f\"");
-  EXPECT_EQ(json_string("bad\xff"), "\"bad\\ufffd\"");
-  EXPECT_EQ(json_string("\xc3\xa9"), "\"\xc3\xa9\"");
-
-  for (int indent : {0, 2}) {
-    JsonWriter w(indent);
-    w.begin_object().key("s").value(tricky).key("nums").value(nums).key("empty").begin_array();
-    w.end_array().key("obj").begin_object().end_object().key("n").null().key("t").value(true);
-    w.key("i").value(std::int64_t{-9007199254740993}).end_object();
-    ASSERT_TRUE(w.complete());
-    EXPECT_TRUE(python_parses(world, w.str(),
-                              "assert d[\"s\"].startswith(\"q\\\"b\\\\n\\nt\\tc\\x01 \\xe9 "
-                              "bad\\ufffd\") and d[\"nums\"][0] == 0.1 and d[\"n\"] is None "
-                              "and d[\"i\"] == -9007199254740993 and d[\"empty\"] == []"))
-        << w.str();
-  }
 }
