@@ -359,3 +359,26 @@ TEST(Gates, DriftRulesWithoutReferenceAreConfigErrorsOnEveryRank) {
   cfg.psi_bins = 0;
   EXPECT_THROW(evaluate_gates(world, mine, cfg, s, nullptr, nullptr), ConfigError);
 }
+
+// A report whose strings hold bytes that are not UTF-8 (a reference path in Latin-1, a binary
+// CSV header named in a detail) is still valid JSON, with U+FFFD in their place.
+TEST(Gates, ReportIsValidJsonWhateverTheBytes) {
+  mpi::Comm world = mpi::Comm::world();
+  GateReport r;
+  r.rows = 5;
+  r.cols = 2;
+  r.reference = "caf\xe9/ref.h5";
+  r.rules.push_back({"features", false, 2, 3, "feature '\xff\xfe' ..."});
+  r.rules.push_back({"max_psi", true, NAN, 0.25, "not measured"});
+  for (int indent : {0, 2}) {
+    const std::string json = r.to_json(indent);
+    EXPECT_TRUE(python_parses(
+        world, json,
+        "assert d[\"reference\"] == \"caf\\ufffd/ref.h5\" and "
+        "d[\"rules\"][0][\"detail\"][9:11] == \"\\ufffd\\ufffd\" and "
+        "d[\"rules\"][1][\"value\"] is None and d[\"rules\"][0][\"value\"] == 2.0 and "
+        "d[\"failed\"] == [\"features\"] and list(d) == [\"passed\", \"rows\", \"cols\", "
+        "\"nonfinite_rows\", \"dropped_rows\", \"reference\", \"failed\", \"rules\"]"))
+        << json;
+  }
+}

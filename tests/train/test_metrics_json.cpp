@@ -16,8 +16,9 @@ using namespace locus;
 namespace {
 
 std::vector<std::string> keys(const std::string& line) {
+  const io::Json j = io::Json::parse(line);  // items() refers to it: not a temporary
   std::vector<std::string> out;
-  for (const auto& [k, v] : io::Json::parse(line).items()) out.push_back(k);
+  for (const auto& [k, v] : j.items()) out.push_back(k);
   return out;
 }
 
