@@ -21,6 +21,7 @@ find_path(CBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas
 
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
 find_package(fmt REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)  # nlohmann-json3-dev: the JSON reports and metrics
 
 # Optional GPU backend: detected, never required.
 option(LOCUS_WITH_CUDA "Build the CUDA/cuBLAS backend when CUDA is found" ON)

@@ -8,8 +8,8 @@ packages=(
   g++ cmake make pkg-config git zlib1g-dev
   # MPI and parallel HDF5
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
-  # maths, options, formatting
-  libopenblas-dev libboost-program-options-dev libfmt-dev
+  # maths, options, formatting, JSON
+  libopenblas-dev libboost-program-options-dev libfmt-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev hyperfine
   python3-h5py python3-numpy python3-torch

@@ -11,6 +11,7 @@
 
 #include "locus/infer/infer.hpp"
 #include "locus/io/dataset_file.hpp"
+#include "locus/io/json.hpp"
 #include "locus/train/model/model_file.hpp"
 #include "shared_tmpdir.hpp"
 
@@ -292,4 +293,60 @@ TEST(Infer, BadRequestsAreAgreedErrors) {
     EXPECT_TRUE(e.agreed());
     EXPECT_NE(std::string(e.what()).find("feature-width mismatch"), std::string::npos) << e.what();
   }
+}
+
+// report_json on its own (no run): the members in the order docs/FORMATS.md shows, the
+// confusion matrix as rows of true classes, null metrics without labels, and valid JSON for a
+// path that is not UTF-8.
+TEST(Infer, ReportMembersInDocumentedOrder) {
+  infer::InferOptions opts;
+  opts.output = "out/caf\xe9.h5";  // Latin-1: becomes U+FFFD
+  opts.model = "m.h5";
+  opts.input = "in.h5";
+  infer::InferResult r;
+  r.row_begin = 0;
+  r.row_end = 8;
+  r.features = 3;
+  r.outputs = 2;
+  r.top_k = 1;
+  r.unit_rows = 4;
+  r.batch_rows = 2;
+  r.units = r.units_written_once = 2;
+  r.ranks.resize(2);
+  r.ranks[1].speculative_wins = 1;
+  r.seconds = 0.5;
+  infer::Metrics m;
+  m.reset(2);
+  m.rows = 8;
+  m.correct = 7;
+  m.log_loss_sum = 2.0;
+  m.confusion = {3, 1, 0, 4};
+  r.metrics = m;
+
+  const std::string text = infer::report_json(opts, r);
+  io::Json j;
+  ASSERT_NO_THROW(j = io::Json::parse(text)) << text;  // strict UTF-8
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : j.items()) keys.push_back(k);
+  const std::vector<std::string> want = {
+      "output", "model", "input", "features", "mode", "row_begin", "row_end", "rows_scored",
+      "features_per_row", "outputs", "kind", "top_k", "ranks", "unit_rows", "batch_rows",
+      "units", "units_written_once", "schedule", "speculation", "speculative_runs",
+      "speculative_wins", "seconds", "seconds_durable", "seconds_total", "rows_per_second",
+      "per_rank", "metrics"};
+  EXPECT_EQ(keys, want);
+  EXPECT_EQ(j["output"], "out/caf\xEF\xBF\xBD.h5");
+  EXPECT_EQ(j["rows_scored"], 8);
+  EXPECT_EQ(j["speculative_wins"], 1);
+  EXPECT_EQ(j["rows_per_second"].get<double>(), 16.0);
+  EXPECT_NE(text.find("\"rows_per_second\": 16.0,\n"), std::string::npos) << text;
+  ASSERT_EQ(j["per_rank"].size(), 2u);
+  EXPECT_EQ(j["per_rank"][1]["rank"], 1);
+  EXPECT_EQ(j["per_rank"][1].begin().key(), "rank");
+  EXPECT_EQ(j["metrics"]["accuracy"].get<double>(), 7.0 / 8.0);
+  EXPECT_EQ(j["metrics"]["log_loss"].get<double>(), 0.25);
+  EXPECT_EQ(j["metrics"]["confusion"], io::Json::parse("[[3,1],[0,4]]"));
+
+  r.metrics.reset();
+  EXPECT_TRUE(io::Json::parse(infer::report_json(opts, r))["metrics"].is_null());
 }

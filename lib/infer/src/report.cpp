@@ -1,6 +1,9 @@
 // The JSON report of an inference run: rows, timing, per-rank work and speculation, and the
 // label metrics (accuracy, log-loss, confusion matrix).
-#include <fmt/format.h>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "locus/infer/infer.hpp"
 #include "locus/io/json.hpp"
@@ -9,75 +12,82 @@ namespace locus::infer {
 
 namespace {
 
-void rank_json(io::JsonWriter& w, int rank, const RankStats& s) {
-  w.begin_object();
-  w.key("rank").value(rank);
-  w.key("units_written").value(s.written).key("rows_written").value(s.rows);
-  w.key("units_claimed").value(s.claimed);
-  w.key("speculative_runs").value(s.speculative).key("speculative_wins").value(s.speculative_wins);
-  w.key("abandoned_runs").value(s.abandoned);
-  w.key("seconds_read").value(s.seconds_read).key("seconds_compute").value(s.seconds_compute);
-  w.key("seconds_write").value(s.seconds_write).key("seconds_wait").value(s.seconds_wait);
-  w.key("seconds_idle").value(s.seconds_idle);
-  w.key("cpu_seconds_compute").value(s.cpu_seconds_compute).key("cpu_seconds").value(s.cpu_seconds);
-  w.end_object();
+io::Json rank_json(int rank, const RankStats& s) {
+  io::Json j;
+  j["rank"] = rank;
+  j["units_written"] = s.written;
+  j["rows_written"] = s.rows;
+  j["units_claimed"] = s.claimed;
+  j["speculative_runs"] = s.speculative;
+  j["speculative_wins"] = s.speculative_wins;
+  j["abandoned_runs"] = s.abandoned;
+  j["seconds_read"] = s.seconds_read;
+  j["seconds_compute"] = s.seconds_compute;
+  j["seconds_write"] = s.seconds_write;
+  j["seconds_wait"] = s.seconds_wait;
+  j["seconds_idle"] = s.seconds_idle;
+  j["cpu_seconds_compute"] = s.cpu_seconds_compute;
+  j["cpu_seconds"] = s.cpu_seconds;
+  return j;
 }
 
-void metrics_json(io::JsonWriter& w, const Metrics& m, int classes) {
-  w.begin_object();
-  w.key("rows").value(m.rows);
-  w.key("accuracy").value(m.rows > 0 ? static_cast<double>(m.correct) / m.rows : 0.0);
-  w.key("log_loss").value(m.rows > 0 ? m.log_loss_sum / static_cast<double>(m.rows) : 0.0);
-  w.key("correct").value(m.correct);
-  w.key("labels_out_of_range").value(m.out_of_range);
-  w.key("classes").value(classes);
-  w.key("confusion").begin_array();  // rows: true class, columns: predicted class
-  for (int t = 0; t < classes; ++t) {
-    w.begin_array();
-    for (int p = 0; p < classes; ++p)
-      w.value(m.confusion[static_cast<std::size_t>(t) * static_cast<std::size_t>(classes) +
-                          static_cast<std::size_t>(p)]);
-    w.end_array();
+io::Json metrics_json(const Metrics& m, int classes) {
+  io::Json j;
+  j["rows"] = m.rows;
+  j["accuracy"] = m.rows > 0 ? static_cast<double>(m.correct) / static_cast<double>(m.rows) : 0.0;
+  j["log_loss"] = m.rows > 0 ? m.log_loss_sum / static_cast<double>(m.rows) : 0.0;
+  j["correct"] = m.correct;
+  j["labels_out_of_range"] = m.out_of_range;
+  j["classes"] = classes;
+  io::Json confusion = io::Json::array();  // rows: true class, columns: predicted class
+  const auto c = static_cast<std::size_t>(classes);
+  for (std::size_t t = 0; t < c; ++t) {
+    const auto row = m.confusion.begin() + static_cast<std::ptrdiff_t>(t * c);
+    confusion.push_back(std::vector<std::int64_t>(row, row + static_cast<std::ptrdiff_t>(c)));
   }
-  w.end_array();
-  w.end_object();
+  j["confusion"] = std::move(confusion);
+  return j;
 }
 
 }  // namespace
 
 std::string report_json(const InferOptions& opts, const InferResult& r) {
-  io::JsonWriter w(2);
   const auto rows = static_cast<std::int64_t>(r.row_end - r.row_begin);
-  w.begin_object();
-  w.key("output").value(opts.output).key("model").value(opts.model);
-  w.key("input").value(opts.input).key("features").value(opts.features);
-  w.key("mode").value(r.incremental ? "incremental" : "full");
-  w.key("row_begin").value(static_cast<std::int64_t>(r.row_begin));
-  w.key("row_end").value(static_cast<std::int64_t>(r.row_end));
-  w.key("rows_scored").value(rows);
-  w.key("features_per_row").value(r.features).key("outputs").value(r.outputs);
-  w.key("kind").value(std::string(to_string(r.kind))).key("top_k").value(r.top_k);
-  w.key("ranks").value(static_cast<int>(r.ranks.size()));
-  w.key("unit_rows").value(static_cast<std::int64_t>(r.unit_rows));
-  w.key("batch_rows").value(static_cast<std::int64_t>(r.batch_rows));
-  w.key("units").value(r.units).key("units_written_once").value(r.units_written_once);
-  w.key("schedule").value(opts.schedule == Schedule::dynamic ? "dynamic" : "static");
-  w.key("speculation").value(opts.speculate && opts.schedule == Schedule::dynamic);
-  w.key("speculative_runs").value(r.speculative_runs);
   std::int64_t wins = 0;
   for (const RankStats& s : r.ranks) wins += s.speculative_wins;
-  w.key("speculative_wins").value(wins);
-  w.key("seconds").value(r.seconds).key("seconds_durable").value(r.seconds_durable);
-  w.key("seconds_total").value(r.seconds_total);
-  w.key("rows_per_second").value(r.seconds > 0 ? static_cast<double>(rows) / r.seconds : 0.0);
-  w.key("per_rank").begin_array();
-  for (std::size_t i = 0; i < r.ranks.size(); ++i) rank_json(w, static_cast<int>(i), r.ranks[i]);
-  w.end_array();
-  w.key("metrics");
-  if (r.metrics) metrics_json(w, *r.metrics, r.outputs);
-  else w.null();
-  w.end_object();
-  return w.str();
+  io::Json per_rank = io::Json::array();
+  for (std::size_t i = 0; i < r.ranks.size(); ++i)
+    per_rank.push_back(rank_json(static_cast<int>(i), r.ranks[i]));
+
+  io::Json j;
+  j["output"] = opts.output;
+  j["model"] = opts.model;
+  j["input"] = opts.input;
+  j["features"] = opts.features;
+  j["mode"] = r.incremental ? "incremental" : "full";
+  j["row_begin"] = static_cast<std::int64_t>(r.row_begin);
+  j["row_end"] = static_cast<std::int64_t>(r.row_end);
+  j["rows_scored"] = rows;
+  j["features_per_row"] = r.features;
+  j["outputs"] = r.outputs;
+  j["kind"] = std::string(to_string(r.kind));
+  j["top_k"] = r.top_k;
+  j["ranks"] = static_cast<int>(r.ranks.size());
+  j["unit_rows"] = static_cast<std::int64_t>(r.unit_rows);
+  j["batch_rows"] = static_cast<std::int64_t>(r.batch_rows);
+  j["units"] = r.units;
+  j["units_written_once"] = r.units_written_once;
+  j["schedule"] = opts.schedule == Schedule::dynamic ? "dynamic" : "static";
+  j["speculation"] = opts.speculate && opts.schedule == Schedule::dynamic;
+  j["speculative_runs"] = r.speculative_runs;
+  j["speculative_wins"] = wins;
+  j["seconds"] = r.seconds;
+  j["seconds_durable"] = r.seconds_durable;
+  j["seconds_total"] = r.seconds_total;
+  j["rows_per_second"] = r.seconds > 0 ? static_cast<double>(rows) / r.seconds : 0.0;
+  j["per_rank"] = std::move(per_rank);
+  j["metrics"] = r.metrics ? metrics_json(*r.metrics, r.outputs) : io::Json(nullptr);
+  return io::dump_json(j, 2);
 }
 
 }  // namespace locus::infer

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <span>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -347,28 +348,22 @@ bool GateReport::passed() const {
 }
 
 std::string GateReport::to_json(int indent) const {
-  JsonWriter w(indent);
-  w.begin_object();
-  w.key("passed").value(passed());
-  w.key("rows").value(rows).key("cols").value(cols);
-  w.key("nonfinite_rows").value(nonfinite_rows).key("dropped_rows").value(dropped_rows);
-  w.key("reference");
-  if (reference.empty()) w.null(); else w.value(reference);
-  w.key("failed").begin_array();
-  for (const RuleResult& r : rules)
-    if (!r.passed) w.value(r.rule);
-  w.end_array();
-  w.key("rules").begin_array();
+  Json failed = Json::array(), rule_list = Json::array();
   for (const RuleResult& r : rules) {
-    w.begin_object();
-    w.key("rule").value(r.rule).key("passed").value(r.passed);
-    w.key("value").value(r.value).key("threshold").value(r.threshold);
-    w.key("detail").value(r.detail);
-    w.end_object();
+    if (!r.passed) failed.push_back(r.rule);
+    rule_list.push_back(Json{{"rule", r.rule}, {"passed", r.passed}, {"value", r.value},
+                             {"threshold", r.threshold}, {"detail", r.detail}});
   }
-  w.end_array();
-  w.end_object();
-  return w.str();
+  Json j;
+  j["passed"] = passed();
+  j["rows"] = rows;
+  j["cols"] = cols;
+  j["nonfinite_rows"] = nonfinite_rows;
+  j["dropped_rows"] = dropped_rows;
+  j["reference"] = reference.empty() ? Json(nullptr) : Json(reference);
+  j["failed"] = std::move(failed);
+  j["rules"] = std::move(rule_list);
+  return dump_json(j, indent);
 }
 
 std::string GateReport::summary() const {

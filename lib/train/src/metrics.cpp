@@ -25,50 +25,46 @@ void ObserverList::on_epoch(const EpochMetrics& m) {
 }
 
 std::string to_json(const StepMetrics& m) {
-  io::JsonWriter w;
-  w.begin_object()
-      .key("type").value("step")
-      .key("step").value(m.step)
-      .key("epoch").value(m.epoch)
-      .key("step_in_epoch").value(m.step_in_epoch)
-      .key("steps").value(m.steps)
-      .key("samples").value(m.samples)
-      .key("loss").value(m.loss)
-      .key("accuracy").value(m.accuracy)
-      .key("lr").value(m.lr);
-  if (m.grad_norm >= 0) w.key("grad_norm").value(m.grad_norm);
-  w.key("seconds").value(m.seconds)
-      .key("samples_per_s").value(m.samples_per_s)
-      .key("allreduce_s").value(m.allreduce_s)
-      .key("allreduce_blocked_s").value(m.allreduce_blocked_s)
-      .key("hidden_fraction").value(m.hidden_fraction)
-      .key("data_wait_s").value(m.data_wait_s)
-      .key("data_wait_fraction").value(m.data_wait_fraction)
-      .end_object();
-  return w.str();
+  io::Json j;
+  j["type"] = "step";
+  j["step"] = m.step;
+  j["epoch"] = m.epoch;
+  j["step_in_epoch"] = m.step_in_epoch;
+  j["steps"] = m.steps;
+  j["samples"] = m.samples;
+  j["loss"] = m.loss;
+  j["accuracy"] = m.accuracy;
+  j["lr"] = m.lr;
+  if (m.grad_norm >= 0) j["grad_norm"] = m.grad_norm;
+  j["seconds"] = m.seconds;
+  j["samples_per_s"] = m.samples_per_s;
+  j["allreduce_s"] = m.allreduce_s;
+  j["allreduce_blocked_s"] = m.allreduce_blocked_s;
+  j["hidden_fraction"] = m.hidden_fraction;
+  j["data_wait_s"] = m.data_wait_s;
+  j["data_wait_fraction"] = m.data_wait_fraction;
+  return io::dump_json(j);
 }
 
 std::string to_json(const EpochMetrics& m) {
-  io::JsonWriter w;
-  w.begin_object()
-      .key("type").value("epoch")
-      .key("epoch").value(m.epoch)
-      .key("step").value(m.step)
-      .key("samples").value(m.samples)
-      .key("train_loss").value(m.train_loss)
-      .key("train_accuracy").value(m.train_accuracy)
-      .key("seconds").value(m.seconds)
-      .key("samples_per_s").value(m.samples_per_s)
-      .key("data_wait_fraction").value(m.data_wait_fraction)
-      .key("hidden_fraction").value(m.hidden_fraction);
+  io::Json j;
+  j["type"] = "epoch";
+  j["epoch"] = m.epoch;
+  j["step"] = m.step;
+  j["samples"] = m.samples;
+  j["train_loss"] = m.train_loss;
+  j["train_accuracy"] = m.train_accuracy;
+  j["seconds"] = m.seconds;
+  j["samples_per_s"] = m.samples_per_s;
+  j["data_wait_fraction"] = m.data_wait_fraction;
+  j["hidden_fraction"] = m.hidden_fraction;
   if (m.evaluated) {
-    w.key("eval_rows").value(m.eval.rows)
-        .key("eval_loss").value(m.eval.loss)
-        .key("eval_accuracy").value(m.eval.accuracy)
-        .key("eval_seconds").value(m.eval.seconds);
+    j["eval_rows"] = m.eval.rows;
+    j["eval_loss"] = m.eval.loss;
+    j["eval_accuracy"] = m.eval.accuracy;
+    j["eval_seconds"] = m.eval.seconds;
   }
-  w.end_object();
-  return w.str();
+  return io::dump_json(j);
 }
 
 namespace {
