@@ -114,6 +114,15 @@ class Trainer {
   TrainSummary train(TrainObserver* observer = nullptr, std::int64_t stop_at_step = -1,
                      StepHook* hook = nullptr);
 
+  // Collective over grid.world(): the sums, steps and times of the epoch and the log interval in
+  // progress (sums over the data-parallel ranks, times of world rank 0; the same on every
+  // rank), at a step boundary inside train() (a StepHook) or between train() calls. What a
+  // checkpoint stores so that a resumed run's metrics are those of an uninterrupted run.
+  MetricsProgress metrics_progress();
+  // Local: the next train() continues the epoch and log interval of `progress` (restored with
+  // the state from a checkpoint; {} for a fresh start or a checkpoint that does not have it).
+  void restore_metrics(const MetricsProgress& progress);
+
   // Collective over grid.dp(): every rank scores its part of the evaluation set with the
   // current parameters; loss and accuracy are summed over the ranks. Needs eval_path.
   EvalMetrics evaluate();
