@@ -136,7 +136,7 @@ locus_run() {
     # step, and mpirun would kill the ranks within 2 s. The ranks get it themselves and
     # checkpoint; mpirun ends when they do. perl is in every Debian system (perl-base).
     perl -e 'use POSIX; sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGTERM)) or die "sigprocmask: $!\n";
-             exec { $ARGV[0] } @ARGV or die "cannot run $ARGV[0]: $!\n"' "${cmd[@]}" &
+             exec { $ARGV[0] } @ARGV or do { print STDERR "cannot run $ARGV[0]: $!\n"; exit 127 }' "${cmd[@]}" &
   else
     "${cmd[@]}" &
   fi

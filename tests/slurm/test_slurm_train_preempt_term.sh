@@ -19,9 +19,10 @@ set -euo pipefail
 . "$(dirname "$0")/locus-jobs-lib.sh"
 
 locus_trainer_setup "${1:?usage: $0 APPS_DIR}"
-# 79 steps an epoch; a small model, so that the job is still training when preempted.
-train_args=(--data.train=fm-test.h5 --data.test=fm-test.h5 "--model.widths=784,64,10"
-  --train.epochs=40 --train.log_every=1 --eval.every=0 --checkpoint.every_seconds=0)
+# 79 steps an epoch; far more epochs than the test lets it train: the job must still be training
+# when Slurm preempts it (a scheduler pass or two after the preemptor is submitted).
+train_args=(--data.train=fm-test.h5 --data.test=fm-test.h5 "--model.widths=784,256,128,10"
+  --train.epochs=400 --train.log_every=1 --eval.every=0 --checkpoint.every_seconds=0)
 readonly interrupt_at=100
 
 slurm_cluster_setup

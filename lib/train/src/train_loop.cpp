@@ -174,7 +174,8 @@ void Trainer::Impl::end_epoch(Running& run, TrainObserver& obs) {
     state.step_in_epoch = 0;
   }
   obs.on_epoch(e);
-  progress.interval_start = mark();  // evaluation time is not training time
+  // Evaluation time is not training time; an epoch-end checkpoint carries no epoch time.
+  progress.interval_start = progress.epoch_start = mark();
 }
 
 void Trainer::Impl::begin_progress() {
