@@ -110,7 +110,9 @@ class Trainer {
   // it -- until the planned steps are done, or until state().step reaches stop_at_step when
   // it is >= 0 (a resumable stop in the middle of an epoch). Reports to observer on every
   // rank. On return state() is current (synced from the backend). `hook`, when given, runs
-  // at every step boundary and may stop training early.
+  // at every step boundary and may stop training early. A stop before the end reports neither
+  // the open log interval nor the open epoch: the next train() call, or a run resumed from a
+  // checkpoint of this point (metrics_progress), reports them whole.
   TrainSummary train(TrainObserver* observer = nullptr, std::int64_t stop_at_step = -1,
                      StepHook* hook = nullptr);
 
