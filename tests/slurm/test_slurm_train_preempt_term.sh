@@ -7,6 +7,7 @@
 #      ignored and the SIGTERM at the end of GraceTime must checkpoint.
 # Open MPI 4.1's mpirun SIGKILLs its ranks 2 s after a SIGTERM (1 s per stage), and at once on
 # a second one: slurm/locus-job.sh runs it with SIGTERM blocked and hands SIGTERM to the ranks.
+# First the same outside Slurm: train.sbatch run by bash, SIGTERM to its process group.
 # Each job is preempted mid-training by a 4-CPU job in partition high; Slurm requeues it
 # (PreemptMode=REQUEUE); the test checks the trainer's checkpoint step against the step it
 # stopped at and the rerun's resume step, the explanation printed before Open MPI's "aborted"
@@ -21,20 +22,51 @@ set -euo pipefail
 locus_trainer_setup "${1:?usage: $0 APPS_DIR}"
 # 79 steps an epoch; far more epochs than the test lets it train: the job must still be training
 # when Slurm preempts it (a scheduler pass or two after the preemptor is submitted).
+# No periodic and no epoch-end checkpoints: the one a rerun can resume from is the signal's, so
+# a lost one shows as a rerun from scratch, and the signal is not taken during another save.
 train_args=(--data.train=fm-test.h5 --data.test=fm-test.h5 "--model.widths=784,256,128,10"
-  --train.epochs=400 --train.log_every=1 --eval.every=0 --checkpoint.every_seconds=0)
+  --train.epochs=400 --train.log_every=1 --eval.every=0 --checkpoint.every_seconds=0
+  --checkpoint.at_epoch_end=false)
 readonly interrupt_at=100
-
-slurm_cluster_setup
-cd "$LSC_WORK"
-ingest=$(locus_submit_fm_test_ingest)
-slurm_wait_state "$ingest" COMPLETED 120 || slurm_fail "the ingest job failed: $(cat ingest.log)"
 
 metric_lines() {
   local n
   n=$(grep -c . "metrics-$1.jsonl" 2>/dev/null || true)
   echo "${n:-0}"
 }
+# 0. Outside Slurm: slurm/train.sbatch run by bash, SIGTERM to its whole process group (as a
+# scheduler without Slurm's step tracking signals a job): mpirun too gets it, blocked.
+outside=$(mktemp -d /tmp/locus-term.XXXX)
+(
+  cd "$outside"
+  # shellcheck disable=SC2086 # word splitting is meant
+  OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BIN/locus-ingest" \
+    --ingest.output=fm-test.h5 "--ingest.images=$LOCUS_FM_DATA/t10k-images-idx3-ubyte.gz" \
+    "--ingest.labels=$LOCUS_FM_DATA/t10k-labels-idx1-ubyte.gz" >ingest.log 2>&1 ||
+    slurm_fail "ingest outside Slurm failed: $(cat ingest.log)"
+  SLURM_NTASKS=2 setsid bash "$LOCUS_REPO/slurm/train.sbatch" "${train_args[@]}" \
+    --train.metrics=metrics-o.jsonl --checkpoint.dir=ckpt-o >o.log 2>&1 &
+  job=$!
+  trap 'kill -KILL -- "-$job" 2>/dev/null || true' EXIT  # whatever fails below
+  slurm_wait_until 120 "the training outside Slurm to pass step $interrupt_at" \
+    eval '[ "$(metric_lines o)" -ge $interrupt_at ]' || slurm_fail "no progress outside Slurm: $(cat o.log)"
+  kill -TERM -- "-$job"
+  rc=0
+  wait "$job" || rc=$?
+  [ "$rc" = 75 ] || slurm_fail "outside Slurm: exit $rc after SIGTERM, not 75: $(cat o.log)"
+  stop=$(sed -n 's/^stopped by SIGTERM after step \([0-9]*\): exit 75.*/\1/p' o.log)
+  [ -n "$stop" ] && grep -q "^checkpoint step $stop (signal): ckpt-o/" o.log &&
+    [ "$(sed -n 's/^latest //p' ckpt-o/latest)" = "ckpt-$(printf %08d "$stop").h5" ] ||
+    slurm_fail "outside Slurm: no checkpoint of the step reached: $(cat o.log)"
+  slurm_log "outside Slurm: SIGTERM checkpoint at step $stop (step $((stop % 79)) of its epoch)"
+) || exit 1
+rm -rf "$outside"
+
+slurm_cluster_setup
+cd "$LSC_WORK"
+ingest=$(locus_submit_fm_test_ingest)
+slurm_wait_state "$ingest" COMPLETED 120 || slurm_fail "the ingest job failed: $(cat ingest.log)"
+
 running_past() { # running_past JOB NAME LINES
   case " $SLURM_FINAL_STATES " in
     *" $(slurm_job_field "$1" JobState) "*) slurm_fail "job $1 ended $(slurm_job_field "$1" JobState) before it was preempted: $(cat "$2.log")" ;;
@@ -64,11 +96,10 @@ preempt_and_check() {
     slurm_fail "job $job: the rerun did not resume: $(cat "$log")"
   scancel "$job"
   # The trainer heard SIGTERM, checkpointed the step it had reached and stopped there.
-  stop=$(sed -n -e 's/^SIGTERM received: checkpointing step \([0-9]*\) and stopping.*/\1/p' \
-    -e 's/^SIGTERM received during the checkpoint of step \([0-9]*\): stopping.*/\1/p' "$log" | head -n 1)
+  stop=$(sed -n 's/^SIGTERM received: checkpointing step \([0-9]*\) and stopping.*/\1/p' "$log" | head -n 1)
   [ -n "$stop" ] || slurm_fail "$log: the trainer took no SIGTERM checkpoint: $(cat "$log")"
   [ "$stop" -gt "$interrupt_at" ] || slurm_fail "$log: stopped at step $stop, before the preemption"
-  grep -q "^checkpoint step $stop (\(signal\|epoch\)): ckpt-$name/" "$log" || slurm_fail "$log: no checkpoint of step $stop written"
+  grep -q "^checkpoint step $stop (signal): ckpt-$name/" "$log" || slurm_fail "$log: no checkpoint of step $stop written"
   grep -q "^stopped by SIGTERM after step $stop: exit 75" "$log" || slurm_fail "$log: no exit 75 after step $stop"
   # The explanation comes right before Open MPI's banner, and the script's line after it.
   grep -A1 "^stopped by SIGTERM after step $stop" "$log" | grep -q '^note: exit 75 is expected here' ||
@@ -79,7 +110,7 @@ preempt_and_check() {
   resumed=$(sed -n 's/^resumed from \(.*\): step \([0-9]*\) of .*/\1 \2/p' "$log" | head -n 1)
   [ "$resumed" = "ckpt-$name/ckpt-$(printf %08d "$stop").h5 $stop" ] ||
     slurm_fail "$log: the rerun resumed from '$resumed', not from the checkpoint of step $stop"
-  slurm_log "$name: SIGTERM checkpoint at step $stop, resumed there"
+  slurm_log "$name: SIGTERM checkpoint at step $stop (step $((stop % 79)) of its epoch), resumed there"
 }
 
 # A. Slurm's default: no user signal at preemption, SIGTERM to every process of the job.
