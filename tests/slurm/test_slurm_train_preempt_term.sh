@@ -48,8 +48,9 @@ outside=$(mktemp -d /tmp/locus-term.XXXX)
     --train.metrics=metrics-o.jsonl --checkpoint.dir=ckpt-o >o.log 2>&1 &
   job=$!
   trap 'kill -KILL -- "-$job" 2>/dev/null || true' EXIT  # whatever fails below
-  slurm_wait_until 120 "the training outside Slurm to pass step $interrupt_at" \
-    eval '[ "$(metric_lines o)" -ge $interrupt_at ]' || slurm_fail "no progress outside Slurm: $(cat o.log)"
+  past() { [ "$(metric_lines o)" -ge "$interrupt_at" ]; }
+  slurm_wait_until 120 "the training outside Slurm to pass step $interrupt_at" past ||
+    slurm_fail "no progress outside Slurm: $(cat o.log)"
   kill -TERM -- "-$job"
   rc=0
   wait "$job" || rc=$?
