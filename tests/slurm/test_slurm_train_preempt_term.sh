@@ -60,7 +60,7 @@ outside=$(mktemp -d /tmp/locus-term.XXXX)
     [ "$(sed -n 's/^latest //p' ckpt-o/latest)" = "ckpt-$(printf %08d "$stop").h5" ] ||
     slurm_fail "outside Slurm: no checkpoint of the step reached: $(cat o.log)"
   slurm_log "outside Slurm: SIGTERM checkpoint at step $stop (step $((stop % 79)) of its epoch)"
-) || exit 1
+) || { rm -rf "$outside"; exit 1; }
 rm -rf "$outside"
 
 slurm_cluster_setup
