@@ -73,12 +73,30 @@ locus_launcher() {
   esac
 }
 
-# The batch shell's signal handler: remember the signal and pass it on to the launcher.
-# mpirun forwards USR1/USR2 to every rank; srun forwards them to every task of its step.
+# The batch shell's signal handler: remember the signal and pass it on to the app.
+# srun forwards every signal to every task of its step; mpirun forwards USR1/USR2 to every
+# rank. SIGTERM must not go to mpirun: Open MPI 4.1's mpirun aborts the job on it and SIGKILLs
+# the ranks 2 s later (odls_base_sigkill_timeout, twice), before a checkpoint can be written,
+# and a second SIGTERM makes it exit at once. So mpirun runs with SIGTERM blocked (locus_run)
+# and the shell hands SIGTERM to the app's ranks on this node itself: one rank hearing it is
+# enough, locus-train agrees on the signal over all ranks at the next step boundary.
 locus_forward() {
   LOCUS_SIGNALLED=$1
   case "${LOCUS_PHASE:-setup}" in
     running)
+      if [ "$1" = TERM ] && [ "${LOCUS_LAUNCH[0]}" = mpirun ]; then
+        local ranks
+        ranks=$(pgrep -P "$LOCUS_CHILD" -x "$(basename "$LOCUS_APP_PATH" | cut -c 1-15)" | tr '\n' ' ')
+        if [ -n "$ranks" ]; then
+          locus_log "SIGTERM: passing it to the ranks on this node (pids ${ranks% }), not to mpirun (pid $LOCUS_CHILD)"
+          # shellcheck disable=SC2086 # a list of pids
+          kill -s TERM $ranks 2>/dev/null || true
+          return
+        fi
+        locus_log "SIGTERM: no rank of ${LOCUS_APP_PATH##*/} on this node; forwarding SIGUSR1 to mpirun (pid $LOCUS_CHILD) instead"
+        kill -s USR1 "$LOCUS_CHILD" 2>/dev/null || true
+        return
+      fi
       locus_log "SIG$1: forwarding it to ${LOCUS_LAUNCH[0]} (pid $LOCUS_CHILD)"
       kill -s "$1" "$LOCUS_CHILD" 2>/dev/null || true
       ;;
@@ -112,7 +130,16 @@ locus_run() {
     return
   fi
   locus_log "restart ${SLURM_RESTART_COUNT:-0}, $(hostname), ${SLURM_NTASKS:-1} tasks: ${cmd[*]}"
-  "${cmd[@]}" &
+  if [ "${LOCUS_LAUNCH[0]}" = mpirun ]; then
+    # mpirun with SIGTERM blocked (its ranks get an unblocked mask from Open MPI): Slurm's
+    # SIGTERM at preemption, cancellation or the time limit goes to every process of the batch
+    # step, and mpirun would kill the ranks within 2 s. The ranks get it themselves and
+    # checkpoint; mpirun ends when they do. perl is in every Debian system (perl-base).
+    perl -e 'use POSIX; sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGTERM)) or die "sigprocmask: $!\n";
+             exec { $ARGV[0] } @ARGV or do { print STDERR "cannot run $ARGV[0]: $!\n"; exit 127 }' "${cmd[@]}" &
+  else
+    "${cmd[@]}" &
+  fi
   LOCUS_CHILD=$!
   LOCUS_PHASE=running
   # A signal that came in the instant between the launch and the line above: pass it on now.
@@ -121,5 +148,9 @@ locus_run() {
   wait "$LOCUS_CHILD"
   LOCUS_RC=$?
   LOCUS_PHASE=ended
-  locus_log "${LOCUS_APP_PATH##*/} exited with code $LOCUS_RC"
+  if [ "$LOCUS_RC" = "$LOCUS_EXIT_CHECKPOINTED" ] && [ "${LOCUS_LAUNCH[0]}" = mpirun ]; then
+    locus_log "${LOCUS_APP_PATH##*/} exited with code $LOCUS_RC (checkpointed; Open MPI's message above that the job was aborted over a non-zero exit code is expected)"
+  else
+    locus_log "${LOCUS_APP_PATH##*/} exited with code $LOCUS_RC"
+  fi
 }

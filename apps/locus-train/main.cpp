@@ -128,6 +128,12 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
       say(fmt::format("stopped by {} after step {}: exit {} (requeue me; rerun with "
                       "--resume=auto to continue)",
                       train::signal_name(signal), steps, exit_code::requeue));
+      // Every rank exits 75 after MPI_Finalize; Open MPI 4.1's mpirun reports any non-zero
+      // exit with a banner that reads like a crash. Say so right before it.
+      say(fmt::format("note: exit {} is expected here; under mpirun, Open MPI's message that "
+                      "follows (\"Primary job terminated normally, but 1 process returned a "
+                      "non-zero exit code ... aborted\") reports this exit code, not a failure",
+                      exit_code::requeue));
     }
     return exit_code::requeue;
   }

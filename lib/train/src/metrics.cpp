@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,82 @@
 #include "locus/io/json.hpp"
 
 namespace locus::train {
+
+void ExactSum::add(double x) {
+  if (x == 0) return;
+  if (!std::isfinite(x) || std::abs(x) >= 0x1p150) {
+    other_ += x;
+    return;
+  }
+  int e = 0;
+  const double m = std::frexp(x, &e);  // x = m 2^e, 0.5 <= |m| < 1
+  const auto mantissa = static_cast<std::int64_t>(std::ldexp(m, 53));  // exact
+  // x = mantissa 2^(e - 53) = mantissa 2^shift units of 2^-64.
+  int shift = e - 53 + kFractionBits;
+  std::uint64_t magnitude = static_cast<std::uint64_t>(mantissa < 0 ? -mantissa : mantissa);
+  if (shift < 0) {  // below the grid: truncated toward zero
+    if (shift <= -64) return;
+    magnitude >>= -shift;
+    shift = 0;
+  }
+  const int limb = shift / 32, bit = shift % 32;
+  // Bits [32 j, 32 j + 32) of magnitude << bit (at most 85 bits: three pieces).
+  auto piece = [&](int j) -> std::int64_t {
+    constexpr std::uint64_t kMask = 0xffffffffu;
+    if (j == 0) return static_cast<std::int64_t>((magnitude << bit) & kMask);
+    const int down = 32 * j - bit;
+    return down >= 64 ? 0 : static_cast<std::int64_t>((magnitude >> down) & kMask);
+  };
+  for (int j = 0; j < 3 && limb + j < kLimbs; ++j) {
+    const std::int64_t p = piece(j);
+    limb_[static_cast<std::size_t>(limb + j)] += mantissa < 0 ? -p : p;
+  }
+  normalize();
+}
+
+void ExactSum::add(const ExactSum& o) {
+  for (std::size_t i = 0; i < limb_.size(); ++i) limb_[i] += o.limb_[i];
+  other_ += o.other_;
+  normalize();
+}
+
+void ExactSum::normalize() {
+  for (std::size_t i = 0; i + 1 < limb_.size(); ++i) {
+    const std::int64_t carry = limb_[i] >> 32;  // floor division (arithmetic shift)
+    limb_[i] -= carry * (std::int64_t{1} << 32);
+    limb_[i + 1] += carry;
+  }
+}
+
+ExactSum ExactSum::allreduce(const mpi::Comm& comm) const {
+  ExactSum out = *this;
+  // Normalized limbs are below 2^32: their sum over any rank count fits in 64 bits.
+  comm.allreduce_inplace(std::span<std::int64_t>(out.limb_), MPI_SUM);
+  comm.allreduce_inplace(std::span<double>(&out.other_, 1), MPI_SUM);
+  out.normalize();
+  return out;
+}
+
+double ExactSum::value() const {
+  double v = 0;
+  for (std::size_t i = limb_.size(); i-- > 0;) {
+    v += std::ldexp(static_cast<double>(limb_[i]), 32 * static_cast<int>(i) - kFractionBits);
+  }
+  return v + other_;
+}
+
+ExactSum ExactSum::from_parts(const std::array<std::int64_t, kLimbs>& limbs, double other) {
+  for (std::size_t i = 0; i + 1 < limbs.size(); ++i) {
+    if (limbs[i] < 0 || limbs[i] >= (std::int64_t{1} << 32)) {
+      throw DataError(fmt::format("an exact sum's limb {} is {}, outside [0, 2^32): the stored "
+                                  "sum is damaged", i, limbs[i]));
+    }
+  }
+  ExactSum s;
+  s.limb_ = limbs;
+  s.other_ = other;
+  return s;
+}
 
 void ObserverList::on_step(const StepMetrics& m) {
   for (auto* o : list_) o->on_step(m);

@@ -31,6 +31,24 @@ double hidden(double comm_s, double blocked_s) {
 
 }  // namespace
 
+namespace detail {
+
+MetricTimes times_between(const Mark& a, const Mark& b) {
+  return {seconds_between(a.time, b.time), b.comm_s - a.comm_s, b.blocked_s - a.blocked_s,
+          b.wait_s - a.wait_s};
+}
+
+Mark moved_back(Mark m, const MetricTimes& t, std::int64_t steps) {
+  m.time -= std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t.seconds));
+  m.step -= steps;
+  m.comm_s -= t.allreduce_s;
+  m.blocked_s -= t.allreduce_blocked_s;
+  m.wait_s -= t.data_wait_s;
+  return m;
+}
+
+}  // namespace detail
+
 Mark Trainer::Impl::mark() const {
   const comm::ReduceTimes& t = reduce_stats().total;
   return Mark{Clock::now(), state.step, t.comm_s, t.blocked_s,
@@ -51,31 +69,32 @@ void Trainer::Impl::step(const LoadedBatch& b) {
   ++state.step_in_epoch;
 }
 
-void Trainer::Impl::collect(Running& run, Sums& epoch) {
+void Trainer::Impl::collect() {
   drained.clear();
   compute->drain_stats(drained);
   for (const LossStats& s : drained) {
-    run.interval.add(s);
-    run.total.add(s);
-    epoch.add(s);
+    detail::add(progress.interval, s);
+    detail::add(progress.epoch, s);
+    detail::add(total, s);
   }
 }
 
 StepMetrics Trainer::Impl::interval(const Mark& since, const Sums& local) {
   const Mark now = mark();
   const Sums all = reduce(local);
+  const auto rows = static_cast<double>(all.rows);
   StepMetrics m;
   m.step = state.step;
   m.epoch = state.epoch;
   m.step_in_epoch = state.step_in_epoch;
   m.steps = state.step - since.step;
-  m.samples = static_cast<std::int64_t>(all.rows);
-  m.loss = ratio(all.loss, all.rows);
-  m.accuracy = ratio(all.correct, all.rows);
+  m.samples = all.rows;
+  m.loss = ratio(all.loss.value(), rows);
+  m.accuracy = ratio(static_cast<double>(all.correct), rows);
   m.lr = last_lr;
   m.grad_norm = compute->last_grad_norm();
   m.seconds = seconds_between(since.time, now.time);
-  m.samples_per_s = ratio(all.rows, m.seconds);
+  m.samples_per_s = ratio(rows, m.seconds);
   m.allreduce_s = now.comm_s - since.comm_s;
   m.allreduce_blocked_s = now.blocked_s - since.blocked_s;
   m.hidden_fraction = hidden(m.allreduce_s, m.allreduce_blocked_s);
@@ -88,28 +107,28 @@ StepMetrics Trainer::Impl::interval(const Mark& since, const Sums& local) {
 EpochMetrics Trainer::Impl::epoch_metrics(const Mark& since, const Sums& local) {
   const Mark now = mark();
   const Sums all = reduce(local);
+  const auto rows = static_cast<double>(all.rows);
   EpochMetrics e;
   e.epoch = state.epoch;
   e.step = state.step;
-  e.samples = static_cast<std::int64_t>(all.rows);
-  e.train_loss = ratio(all.loss, all.rows);
-  e.train_accuracy = ratio(all.correct, all.rows);
+  e.samples = all.rows;
+  e.train_loss = ratio(all.loss.value(), rows);
+  e.train_accuracy = ratio(static_cast<double>(all.correct), rows);
   e.seconds = seconds_between(since.time, now.time);
-  e.samples_per_s = ratio(all.rows, e.seconds);
+  e.samples_per_s = ratio(rows, e.seconds);
   e.data_wait_fraction = ratio(now.wait_s - since.wait_s, e.seconds);
   e.hidden_fraction = hidden(now.comm_s - since.comm_s, now.blocked_s - since.blocked_s);
   return e;
 }
 
-void Trainer::Impl::close_interval(Running& run, TrainObserver& obs) {
-  if (state.step == run.interval_start.step) return;
-  obs.on_step(interval(run.interval_start, run.interval));
-  run.interval = {};
-  run.interval_start = mark();
+void Trainer::Impl::close_interval(TrainObserver& obs) {
+  if (state.step == progress.interval_start.step) return;
+  obs.on_step(interval(progress.interval_start, progress.interval));
+  progress.interval = {};
+  progress.interval_start = mark();
 }
 
-Sums Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs) {
-  Sums epoch;
+void Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs) {
   if (loader) loader->start_epoch(state.epoch, state.step_in_epoch);
   while (state.step_in_epoch < steps_per_epoch && state.step < limit) {
     const LoadedBatch* b = next_batch();
@@ -118,15 +137,14 @@ Sums Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObs
     step(*b);
     // A device backend keeps the steps' loss sums until asked: once per interval, not per step.
     if (opts.log_every > 0 && state.step % opts.log_every == 0) {
-      collect(run, epoch);
-      close_interval(run, obs);
+      collect();
+      close_interval(obs);
     }
     // The boundaries that end the epoch or the run come after end_epoch (see train()).
     const bool ends_epoch = state.step_in_epoch == steps_per_epoch || state.step == planned_steps;
     if (!ends_epoch && boundary(run, false)) break;
   }
-  collect(run, epoch);
-  return epoch;
+  collect();
 }
 
 bool Trainer::Impl::boundary(Running& run, bool epoch_end) {
@@ -136,12 +154,12 @@ bool Trainer::Impl::boundary(Running& run, bool epoch_end) {
   return run.stopped;
 }
 
-void Trainer::Impl::end_epoch(const Mark& since, const Sums& local, Running& run,
-                              TrainObserver& obs) {
+void Trainer::Impl::end_epoch(Running& run, TrainObserver& obs) {
   const bool epoch_done = state.step_in_epoch == steps_per_epoch;
   const bool run_done = state.step == planned_steps;
-  close_interval(run, obs);
-  EpochMetrics e = epoch_metrics(since, local);
+  close_interval(obs);
+  EpochMetrics e = epoch_metrics(progress.epoch_start, progress.epoch);
+  progress.epoch = {};
   run.summary.last_train_loss = e.train_loss;
   if (has_eval &&
       (run_done || (opts.eval_every > 0 && (state.epoch + 1) % opts.eval_every == 0))) {
@@ -156,7 +174,26 @@ void Trainer::Impl::end_epoch(const Mark& since, const Sums& local, Running& run
     state.step_in_epoch = 0;
   }
   obs.on_epoch(e);
-  run.interval_start = mark();  // evaluation time is not training time
+  // Evaluation time is not training time; an epoch-end checkpoint carries no epoch time.
+  progress.interval_start = progress.epoch_start = mark();
+}
+
+void Trainer::Impl::begin_progress() {
+  const Mark now = mark();
+  progress.epoch_start = detail::moved_back(now, progress.epoch_carried);
+  progress.interval_start =
+      detail::moved_back(now, progress.interval_carried, progress.interval_steps_carried);
+  progress.epoch_carried = progress.interval_carried = {};
+  progress.interval_steps_carried = 0;
+  progress.running = true;
+}
+
+void Trainer::Impl::end_progress() {
+  const Mark now = mark();
+  progress.epoch_carried = detail::times_between(progress.epoch_start, now);
+  progress.interval_carried = detail::times_between(progress.interval_start, now);
+  progress.interval_steps_carried = state.step - progress.interval_start.step;
+  progress.running = false;
 }
 
 TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
@@ -173,29 +210,34 @@ TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
   m.load_state();
   const Mark start = m.mark();
   Impl::Running run;
-  run.interval_start = start;
   run.hook = hook;
   run.self = this;
+  m.total = {};
+  m.begin_progress();
+  bool first = true;
   while (st.step < limit && !run.stopped) {
     if (st.step_in_epoch >= m.steps_per_epoch) {  // restored exactly at an epoch boundary
       ++st.epoch;
       st.step_in_epoch = 0;
     }
-    const Mark epoch_start = m.mark();
-    const Sums epoch = m.train_epoch_steps(limit, run, obs);
+    // An epoch begun before this call (a resume, a stop) goes on from what it carried.
+    if (!first) m.progress.epoch_start = m.mark();
+    first = false;
+    m.train_epoch_steps(limit, run, obs);
     const bool epoch_done = st.step_in_epoch == m.steps_per_epoch;
-    // Stopped at stop_at_step or by the hook.
+    // Stopped at stop_at_step or by the hook: the open interval and epoch are carried over to
+    // the next call or the checkpoint, not reported (an uninterrupted run reports them later).
     if (run.stopped || (!epoch_done && st.step != m.planned_steps)) break;
-    m.end_epoch(epoch_start, epoch, run, obs);
+    m.end_epoch(run, obs);
     m.boundary(run, epoch_done);
   }
-  m.close_interval(run, obs);
+  m.end_progress();
   m.compute->sync_to_host();
 
   const Mark end = m.mark();
   TrainSummary& summary = run.summary;
   summary.steps = st.step - start.step;
-  summary.samples = static_cast<std::int64_t>(m.reduce(run.total).rows);
+  summary.samples = m.reduce(m.total).rows;
   summary.seconds = seconds_between(start.time, end.time) - summary.eval_seconds;
   summary.samples_per_s = ratio(static_cast<double>(summary.samples), summary.seconds);
   summary.data_wait_fraction = ratio(end.wait_s - start.wait_s, summary.seconds);
@@ -203,6 +245,46 @@ TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
   summary.hidden_fraction = hidden(summary.allreduce_s, end.blocked_s - start.blocked_s);
   summary.finished = st.step >= m.planned_steps;
   return summary;
+}
+
+MetricsProgress Trainer::metrics_progress() {
+  Impl& m = *impl_;
+  if (m.progress.running) m.collect();  // the sums the backend still holds
+  MetricsProgress p;
+  p.epoch = m.reduce(m.progress.epoch);
+  p.interval = m.reduce(m.progress.interval);
+  if (m.progress.running) {
+    const Mark now = m.mark();
+    p.epoch_time = detail::times_between(m.progress.epoch_start, now);
+    p.interval_time = detail::times_between(m.progress.interval_start, now);
+    p.interval_steps = m.state.step - m.progress.interval_start.step;
+  } else {
+    p.epoch_time = m.progress.epoch_carried;
+    p.interval_time = m.progress.interval_carried;
+    p.interval_steps = m.progress.interval_steps_carried;
+  }
+  // Timings are world rank 0's, so that every rank stores the same values.
+  double t[8] = {p.epoch_time.seconds, p.epoch_time.allreduce_s,
+                 p.epoch_time.allreduce_blocked_s, p.epoch_time.data_wait_s,
+                 p.interval_time.seconds, p.interval_time.allreduce_s,
+                 p.interval_time.allreduce_blocked_s, p.interval_time.data_wait_s};
+  m.grid.world().bcast(std::span<double>(t), 0);
+  p.epoch_time = {t[0], t[1], t[2], t[3]};
+  p.interval_time = {t[4], t[5], t[6], t[7]};
+  return p;
+}
+
+void Trainer::restore_metrics(const MetricsProgress& p) {
+  Impl& m = *impl_;
+  LOCUS_ASSERT(!m.progress.running, "restore_metrics during train()");
+  // The sums are over every data-parallel rank: one rank of each stage carries them, so the
+  // next reduction over the data-parallel ranks adds them once.
+  const bool carrier = m.grid.dp().rank() == 0;
+  m.progress.epoch = carrier ? p.epoch : MetricSums{};
+  m.progress.interval = carrier ? p.interval : MetricSums{};
+  m.progress.epoch_carried = p.epoch_time;
+  m.progress.interval_carried = p.interval_time;
+  m.progress.interval_steps_carried = p.interval_steps;
 }
 
 EvalMetrics Trainer::evaluate() {

@@ -260,9 +260,9 @@ const LoadedBatch* Trainer::Impl::next_batch() {
 }
 
 detail::Sums Trainer::Impl::reduce(detail::Sums local) const {
-  double v[3] = {local.loss, local.correct, local.rows};
-  grid.dp().allreduce_inplace(std::span<double>(v), MPI_SUM);
-  return {v[0], v[1], v[2]};
+  std::int64_t counts[2] = {local.correct, local.rows};
+  grid.dp().allreduce_inplace(std::span<std::int64_t>(counts), MPI_SUM);
+  return {local.loss.allreduce(grid.dp()), counts[0], counts[1]};
 }
 
 Batch Trainer::Impl::batch_of(const LoadedBatch& b) {
@@ -295,16 +295,17 @@ EvalMetrics Trainer::Impl::evaluate() {
   if (eval_loader) {
     eval_loader->start_epoch(0);
     while (const LoadedBatch* b = eval_loader->next()) {
-      local.add(compute->evaluate(batch_of(*b)));
+      detail::add(local, compute->evaluate(batch_of(*b)));
     }
   } else {  // a pipeline stage after the first: stage 0 sends what it needs
-    for (std::int64_t i = 0; i < eval_steps; ++i) local.add(compute->evaluate(Batch{}));
+    for (std::int64_t i = 0; i < eval_steps; ++i) detail::add(local, compute->evaluate(Batch{}));
   }
   const detail::Sums all = reduce(local);
   EvalMetrics e;
-  e.rows = static_cast<std::int64_t>(all.rows);
-  e.loss = all.rows > 0 ? all.loss / all.rows : 0.0;
-  e.accuracy = all.rows > 0 ? all.correct / all.rows : 0.0;
+  const auto rows = static_cast<double>(all.rows);
+  e.rows = all.rows;
+  e.loss = all.rows > 0 ? all.loss.value() / rows : 0.0;
+  e.accuracy = all.rows > 0 ? static_cast<double>(all.correct) / rows : 0.0;
   e.seconds = std::chrono::duration<double>(detail::Clock::now() - t0).count();
   return e;
 }

@@ -17,15 +17,14 @@ namespace locus::train::detail {
 
 using Clock = std::chrono::steady_clock;
 
-// Loss, hits and rows summed locally over some steps, then over the data-parallel ranks.
-struct Sums {
-  double loss = 0, correct = 0, rows = 0;
-  void add(const LossStats& s) {
-    loss += s.loss_sum;
-    correct += static_cast<double>(s.correct);
-    rows += static_cast<double>(s.rows);
-  }
-};
+// Loss, hits and rows summed exactly (metrics.hpp): locally over some steps, then over the
+// data-parallel ranks.
+using Sums = MetricSums;
+inline void add(Sums& s, const LossStats& st) {
+  s.loss.add(st.loss_sum);
+  s.correct += st.correct;
+  s.rows += st.rows;
+}
 
 // The counters that interval and epoch metrics are differences of.
 struct Mark {
@@ -33,6 +32,12 @@ struct Mark {
   std::int64_t step = 0;
   double comm_s = 0, blocked_s = 0, wait_s = 0;
 };
+
+// The time from a to b.
+MetricTimes times_between(const Mark& a, const Mark& b);
+// `m` moved back by `t` and `steps`: a mark from which `t` has already passed (carried over
+// from an earlier train() call or a checkpoint).
+Mark moved_back(Mark m, const MetricTimes& t, std::int64_t steps = 0);
 
 // The gradient reducer for a backend's buffer over dp (train.reducer): host memory: the MPI
 // reducer (nccl is a ConfigError); device memory: NCCL (nccl, or auto where NCCL can be used)
@@ -77,8 +82,7 @@ struct Trainer::Impl {
 
   // What one train() call accumulates.
   struct Running {
-    detail::Sums interval, total;
-    detail::Mark interval_start;
+    detail::Sums total;
     TrainSummary summary;
     StepHook* hook = nullptr;
     Trainer* self = nullptr;  // what the hook is given
@@ -87,17 +91,19 @@ struct Trainer::Impl {
   // Calls the hook (if any) at the boundary after the current step; true when it stops.
   bool boundary(Running& run, bool epoch_end);
   // Adds the loss sums of the steps since the last call (fetched from the backend) to the
-  // interval, the run's total and `epoch`, in step order.
-  void collect(Running& run, detail::Sums& epoch);
-  // Reports the interval since run.interval_start, if it has steps.
-  void close_interval(Running& run, TrainObserver& obs);
-  // Trains state.epoch from state.step_in_epoch to its end or to step `limit`; returns the
-  // local sums of those steps.
-  detail::Sums train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs);
+  // interval, the epoch and the call's total.
+  void collect();
+  // Reports the interval since progress.interval_start, if it has steps.
+  void close_interval(TrainObserver& obs);
+  // Trains state.epoch from state.step_in_epoch to its end or to step `limit`.
+  void train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs);
   // After the last step of an epoch (or of the run): epoch metrics, the evaluation when due,
   // the counters moved to the next epoch.
-  void end_epoch(const detail::Mark& since, const detail::Sums& local, Running& run,
-                 TrainObserver& obs);
+  void end_epoch(Running& run, TrainObserver& obs);
+  // train()'s start and end: the open epoch and interval continue from what was carried over
+  // (start), and what they hold is carried over to the next call or checkpoint (end).
+  void begin_progress();
+  void end_progress();
 
   const Grid& grid;
   TrainOptions opts;
@@ -122,6 +128,18 @@ struct Trainer::Impl {
   std::vector<float> targets;  // mse: one-hot labels of the current batch
   double last_lr = 0;
   std::vector<LossStats> drained;  // collect()'s buffer
+  detail::Sums total;              // of the running train() call
+  // The epoch and the log interval in progress, kept across train() calls and restored from a
+  // checkpoint (restore_metrics): local sums (on data-parallel rank 0 also what a checkpoint
+  // carried in); the time and steps carried over from before this train() call; while train()
+  // runs, the marks they started at (moved back by what was carried).
+  struct Progress {
+    detail::Sums epoch, interval;
+    MetricTimes epoch_carried, interval_carried;
+    std::int64_t interval_steps_carried = 0;
+    detail::Mark epoch_start, interval_start;
+    bool running = false;
+  } progress;
   bool host_dirty = true;  // state() was handed out mutable since the backend loaded it
 };
 

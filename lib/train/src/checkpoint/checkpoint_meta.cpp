@@ -4,7 +4,11 @@
 
 #include <fmt/format.h>
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <mutex>
+#include <tuple>
 
 #include "checkpoint/checkpoint_detail.hpp"
 #include "locus/comm/agree.hpp"
@@ -112,6 +116,21 @@ std::string meta_text(const CheckpointMeta& m) {
   line("git_revision", m.git_revision);
   if (!m.compute.empty()) line("compute", m.compute);
   line("created", m.created);
+  if (m.has_metrics) {
+    const MetricsProgress& p = m.metrics;
+    for (const auto& [name, sums, times] :
+         {std::tuple{"epoch", &p.epoch, &p.epoch_time},
+          std::tuple{"interval", &p.interval, &p.interval_time}}) {
+      line(fmt::format("metrics_{}_loss", name), fmt::format("{}", fmt::join(sums->loss.limbs(), ",")));
+      line(fmt::format("metrics_{}_loss_other", name), sums->loss.other());
+      line(fmt::format("metrics_{}_correct", name), sums->correct);
+      line(fmt::format("metrics_{}_rows", name), sums->rows);
+      line(fmt::format("metrics_{}_times", name),
+           fmt::format("{},{},{},{}", times->seconds, times->allreduce_s,
+                       times->allreduce_blocked_s, times->data_wait_s));
+    }
+    line("metrics_interval_steps", p.interval_steps);
+  }
   line("widths", format_widths(m.model.widths));
   line("activation", to_string(m.model.activation));
   line("init", to_string(m.model.init));
@@ -123,6 +142,57 @@ std::string meta_text(const CheckpointMeta& m) {
 }
 
 namespace detail {
+
+namespace {
+
+// The metrics_* root attributes (docs/FORMATS.md): per part (epoch, interval) the exact loss
+// sum's limbs and its inexact rest, the hits and rows, and the times.
+void write_metrics(hid_t root, const MetricsProgress& p) {
+  for (const auto& [name, sums, times] : {std::tuple{"epoch", &p.epoch, &p.epoch_time},
+                                          std::tuple{"interval", &p.interval, &p.interval_time}}) {
+    const std::string k = fmt::format("metrics_{}_", name);
+    const auto& limbs = sums->loss.limbs();
+    h5::write_attr(root, k + "loss", std::vector<std::int64_t>(limbs.begin(), limbs.end()));
+    h5::write_attr(root, k + "loss_other", sums->loss.other());
+    h5::write_attr(root, k + "correct", sums->correct);
+    h5::write_attr(root, k + "rows", sums->rows);
+    h5::write_attr(root, k + "times",
+                   std::vector<double>{times->seconds, times->allreduce_s,
+                                       times->allreduce_blocked_s, times->data_wait_s});
+  }
+  h5::write_attr(root, "metrics_interval_steps", p.interval_steps);
+}
+
+MetricsProgress read_metrics(hid_t root, const std::string& path) {
+  MetricsProgress p;
+  for (const auto& [name, sums, times] : {std::tuple{"epoch", &p.epoch, &p.epoch_time},
+                                          std::tuple{"interval", &p.interval, &p.interval_time}}) {
+    const std::string k = fmt::format("metrics_{}_", name);
+    const auto limbs = h5::read_attr<std::vector<std::int64_t>>(root, k + "loss");
+    const auto t = h5::read_attr<std::vector<double>>(root, k + "times");
+    if (limbs.size() != ExactSum::kLimbs || t.size() != 4) {
+      throw DataError(fmt::format("checkpoint '{}': {}loss has {} values (expected {}) and "
+                                  "{}times {} (expected 4): the file is damaged; use an older "
+                                  "checkpoint", path, k, limbs.size(), ExactSum::kLimbs, k,
+                                  t.size()));
+    }
+    std::array<std::int64_t, ExactSum::kLimbs> a{};
+    std::copy(limbs.begin(), limbs.end(), a.begin());
+    try {
+      sums->loss = ExactSum::from_parts(a, h5::read_attr<double>(root, k + "loss_other"));
+    } catch (const DataError& e) {
+      throw DataError(fmt::format("checkpoint '{}': {}loss: {}; use an older checkpoint", path,
+                                  k, e.what()));
+    }
+    sums->correct = h5::read_attr<std::int64_t>(root, k + "correct");
+    sums->rows = h5::read_attr<std::int64_t>(root, k + "rows");
+    *times = {t[0], t[1], t[2], t[3]};
+  }
+  p.interval_steps = h5::read_attr<std::int64_t>(root, "metrics_interval_steps");
+  return p;
+}
+
+}  // namespace
 
 // Collective over the file's communicator: the root attributes of `m` (not the /model ones).
 void write_meta(hid_t root, const CheckpointMeta& m) {
@@ -159,6 +229,7 @@ void write_meta(hid_t root, const CheckpointMeta& m) {
   h5::write_attr(root, "git_revision", m.git_revision);
   if (!m.compute.empty()) h5::write_attr(root, "compute", m.compute);
   h5::write_attr(root, "created", m.created);
+  if (m.has_metrics) write_metrics(root, m.metrics);
   h5::write_attr(root, "digest", "crc32");
   // Written last: a reader that finds it knows every other attribute was written.
   const std::string text = meta_text(m);
@@ -222,6 +293,8 @@ CheckpointMeta read_meta(h5::File& file) {
   m.git_revision = str("git_revision");
   if (h5::has_attr(root, "compute")) m.compute = str("compute");
   m.created = dbl("created");
+  m.has_metrics = h5::has_attr(root, "metrics_interval_steps");
+  if (m.has_metrics) m.metrics = read_metrics(root, path);
   if (!h5::exists(root, "/model")) {
     throw DataError(fmt::format("checkpoint '{}' has no /model group: it is incomplete or "
                                 "corrupt; use an older checkpoint", path));

@@ -188,6 +188,14 @@ ResumeResult Checkpointer::resume(const std::string& how) {
     res.path = path;
     res.meta = meta;
     res.notes = resume_notes(meta, m.trainer, m.config, m.dataset);
+    m.trainer.restore_metrics(meta.has_metrics ? meta.metrics : MetricsProgress{});
+    if (!meta.has_metrics && meta.step_in_epoch > 0 && meta.step_in_epoch < meta.steps_per_epoch) {
+      res.notes.push_back(fmt::format(
+          "{} has no metrics sums (written by an older locus): the metrics line of epoch {} "
+          "covers only its steps after step {}, and the first step line after the resume only "
+          "the steps since then; later lines are those of an uninterrupted run",
+          std::filesystem::path(path).filename().string(), meta.epoch + 1, meta.step));
+    }
     m.run_id = meta.run_id;
     m.last_step = meta.step;
     m.retire.clear();
@@ -206,6 +214,7 @@ ResumeResult Checkpointer::resume(const std::string& how) {
     });
   };
   auto new_run = [&] {
+    m.trainer.restore_metrics({});
     m.run_id = new_run_id(m.comm);
     if (!m.enabled()) return;
     mpi::agree_on(m.comm, [&] {

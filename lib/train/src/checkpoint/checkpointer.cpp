@@ -97,6 +97,8 @@ CheckpointMeta Checkpointer::Impl::meta_now() {
                    std::chrono::system_clock::now().time_since_epoch()).count()) / 1000.0;
   comm.bcast(std::span<double>(&now, 1));  // attributes are written alike by every rank
   m.created = now;
+  m.has_metrics = true;
+  m.metrics = trainer.metrics_progress();
   m.model = st.model.spec();
   m.loss = o.loss;
   m.num_classes = trainer.num_classes();

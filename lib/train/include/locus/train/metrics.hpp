@@ -4,6 +4,7 @@
 // data-parallel ranks); timings are rank 0's.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -13,6 +14,59 @@
 #include "locus/comm/mpi.hpp"
 
 namespace locus::train {
+
+// An exact sum of doubles, the same whatever the order and grouping of the additions: a
+// fixed-point number in 32-bit limbs (limb i weighs 2^(32 i - 64)), so the training loss summed
+// over some steps on each rank, over the ranks, or over a checkpoint's part of an epoch and the
+// resumed rest is the same number bit for bit. Values below 2^-64 in magnitude are truncated to
+// that grid (deterministically); non-finite values and those of 2^150 or more are summed apart,
+// as plain doubles (`other`), so NaN and infinity still show in the result.
+class ExactSum {
+ public:
+  static constexpr int kLimbs = 8;
+  static constexpr int kFractionBits = 64;
+
+  void add(double x);
+  void add(const ExactSum& o);
+  // Collective over comm: the sum of every rank's value, on every rank.
+  ExactSum allreduce(const mpi::Comm& comm) const;
+  // The value rounded to a double (a function of the exact value only).
+  double value() const;
+
+  // The representation, for storage (docs/FORMATS.md, "Checkpoint files"): limbs 0..6 in
+  // [0, 2^32), limb 7 signed; `other` as above (0 normally).
+  const std::array<std::int64_t, kLimbs>& limbs() const noexcept { return limb_; }
+  double other() const noexcept { return other_; }
+  // From a stored representation; DataError unless it is normalized as above.
+  static ExactSum from_parts(const std::array<std::int64_t, kLimbs>& limbs, double other);
+
+  friend bool operator==(const ExactSum&, const ExactSum&) = default;
+
+ private:
+  void normalize();
+  std::array<std::int64_t, kLimbs> limb_{};
+  double other_ = 0;
+};
+
+// Loss, hits and rows summed over some steps (on one rank, or over the data-parallel ranks).
+struct MetricSums {
+  ExactSum loss;
+  std::int64_t correct = 0, rows = 0;
+  friend bool operator==(const MetricSums&, const MetricSums&) = default;
+};
+
+// Time spent in a stretch of training (rank 0's clock and counters).
+struct MetricTimes {
+  double seconds = 0, allreduce_s = 0, allreduce_blocked_s = 0, data_wait_s = 0;
+};
+
+// The epoch and the log interval in progress at a step boundary: what a checkpoint carries so
+// that a resumed run reports the metrics an uninterrupted one would (Trainer::metrics_progress).
+struct MetricsProgress {
+  MetricSums epoch, interval;        // over every data-parallel rank
+  std::int64_t interval_steps = 0;   // steps in the open interval
+  MetricTimes epoch_time, interval_time;
+};
 
 // The log interval ending at `step` (every TrainOptions::log_every steps, and at epoch ends).
 struct StepMetrics {

@@ -112,9 +112,20 @@ class Trainer {
   // it -- until the planned steps are done, or until state().step reaches stop_at_step when
   // it is >= 0 (a resumable stop in the middle of an epoch). Reports to observer on every
   // rank. On return state() is current (synced from the backend). `hook`, when given, runs
-  // at every step boundary and may stop training early.
+  // at every step boundary and may stop training early. A stop before the end reports neither
+  // the open log interval nor the open epoch: the next train() call, or a run resumed from a
+  // checkpoint of this point (metrics_progress), reports them whole.
   TrainSummary train(TrainObserver* observer = nullptr, std::int64_t stop_at_step = -1,
                      StepHook* hook = nullptr);
+
+  // Collective over grid.world(): the sums, steps and times of the epoch and the log interval in
+  // progress (sums over the data-parallel ranks, times of world rank 0; the same on every
+  // rank), at a step boundary inside train() (a StepHook) or between train() calls. What a
+  // checkpoint stores so that a resumed run's metrics are those of an uninterrupted run.
+  MetricsProgress metrics_progress();
+  // Local: the next train() continues the epoch and log interval of `progress` (restored with
+  // the state from a checkpoint; {} for a fresh start or a checkpoint that does not have it).
+  void restore_metrics(const MetricsProgress& progress);
 
   // Collective over grid.dp(): every rank scores its part of the evaluation set with the
   // current parameters; loss and accuracy are summed over the ranks. Needs eval_path.

@@ -21,6 +21,7 @@
 
 #include "locus/comm/mpi.hpp"
 #include "locus/io/raw_io.hpp"
+#include "locus/train/metrics.hpp"
 #include "locus/train/model/loss.hpp"
 #include "locus/train/model/model.hpp"
 #include "locus/train/optim/optimizer.hpp"
@@ -82,6 +83,11 @@ struct CheckpointMeta {
   // written before it existed (and then absent from meta_text).
   std::string compute;
   double created = 0;                // Unix time of the save
+  // The epoch and log interval in progress (Trainer::metrics_progress), so that a resumed run
+  // writes the metrics of an uninterrupted one. has_metrics = false in files written before
+  // they existed (their attributes are then absent, and absent from meta_text).
+  bool has_metrics = false;
+  MetricsProgress metrics;
   ModelSpec model;                   // from /model (filled by the readers)
   std::vector<std::string> optimizer_state;  // from /optimizer: state buffer names
   Loss loss = Loss::softmax_cross_entropy;
