@@ -16,11 +16,17 @@ case $kind in
   asan)
     flags=address,undefined
     # The unit and MPI suites of the libraries: parsers, HDF5 round trips, the reducer, the
-    # loader, checkpoints, the model and optimizers, inference (about 4 minutes on 2 cores).
-    targets=(test_comm test_reducer test_h5 test_sources test_raw_io test_loader test_checkpoint
-             test_train_model test_train_optim test_scorer test_work_queue)
-    select=(-R '^(test_comm|test_reducer|test_h5|test_sources|test_raw_io|test_loader|test_checkpoint|test_train_model|test_train_optim|test_scorer|test_work_queue)(\.np[12])?$')
-    export ASAN_OPTIONS="detect_leaks=1:exitcode=66:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
+    # loader, checkpoints, the model and optimizers, inference; and test_cuda_refusal, since
+    # this build is also CI's build without CUDA (train.backend = cuda must be refused there).
+    targets=(locus_no_dlclose test_comm test_reducer test_h5 test_sources test_raw_io test_loader
+             test_checkpoint test_train_model test_train_optim test_scorer test_work_queue
+             test_cuda_refusal)
+    select=(-R '^(test_comm|test_reducer|test_h5|test_sources|test_raw_io|test_loader|test_checkpoint|test_train_model|test_train_optim|test_scorer|test_work_queue|test_cuda_refusal)(\.np[12])?$')
+    # verify_asan_link_order=0: the dlclose shim is preloaded ahead of the ASan run-time;
+    # fast_unwind_on_malloc=0: Open MPI is built without frame pointers, and only full unwinding
+    # attributes its allocations to it (else a leak may show a broken stack, unsuppressible).
+    export ASAN_OPTIONS="detect_leaks=1:exitcode=66:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:verify_asan_link_order=0:fast_unwind_on_malloc=0"
+    preload=libno_dlclose
     export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
     export UBSAN_OPTIONS="suppressions=$supp/ubsan.supp:print_stacktrace=1:halt_on_error=1"
     ;;
@@ -30,6 +36,7 @@ case $kind in
     # compute thread and its reader ring.
     targets=(test_loader test_checkpoint test_checkpoint_resume test_pipeline_parts)
     select=(-R '^(test_loader|test_checkpoint|test_checkpoint_resume|test_pipeline_parts)\.np[12]$')
+    preload=""
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp:exitcode=66:halt_on_error=0:second_deadlock_stack=1:history_size=4"
     ;;
   *)
@@ -44,4 +51,9 @@ if (($# > 0)); then select=("$@"); targets=(); fi
 LOCUS_BUILD_DIR=$build "$root/scripts/build.sh" -DLOCUS_WITH_CUDA=OFF -DLOCUS_SANITIZE=$flags \
   -DLOCUS_WERROR=ON -DLOCUS_BUILD_BENCH=OFF -- "${targets[@]}"
 cd "$build"
+if [[ -n $preload ]]; then
+  lib=$(find "$build/tests" -name "liblocus_no_dlclose.so" | head -n 1)
+  [[ -n $lib ]] || { echo "scripts/sanitize.sh: liblocus_no_dlclose.so was not built" >&2; exit 1; }
+  export LD_PRELOAD=$lib
+fi
 ctest -j "$(nproc)" --output-on-failure "${select[@]}"
