@@ -6,7 +6,12 @@
 #include "model/hash.hpp"
 
 // One clone per ISA, chosen at load time: vectorised kernels without building for one CPU.
+// (Not under ThreadSanitizer: see LOCUS_TRAIN_CLONES in optim/optimizers.hpp.)
+#if defined(__SANITIZE_THREAD__)
+#define LOCUS_CLONES
+#else
 #define LOCUS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 namespace locus::train::detail {
 
