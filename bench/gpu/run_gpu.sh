@@ -15,7 +15,7 @@
 # them; hard limits: tests 210 s, locus 190 s, PyTorch 170 s), typically much less; where the
 # tests need longer, run them alone (SKIP="locus torch") and the benchmarks in a second call:
 #   TEST_BUDGET_S=180 TEST_TIMEOUT=90 APP_TEST_TIMEOUT=240   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40
-#   TORCH_BUDGET_S=120
+#   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60   SKIP may also name "reducer"
 #   LAUNCH=auto|direct|mpirun   PYTHON=python3   SKIP="tests locus torch" (phases to leave out)
 #   ROWS, EPOCHS, EXTRA: passed to gpu_train_bench.sh; TORCH_ARGS: extra torch_gpu_bench.py flags
 set -uo pipefail
@@ -161,6 +161,21 @@ else
 fi
 tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
 
+section "NCCL reducer (locus_nccl_reducer_bench, 1 rank)"
+reducer_table=$work/nccl_reducer_bench.txt
+if [[ $skip == *" reducer "* ]]; then
+  say "skipped (SKIP)"
+elif [[ ! -x $bundle/bench/locus_nccl_reducer_bench ]]; then
+  say "not in the bundle (a build without NCCL?)"
+elif ((gpu)); then
+  run_mpi 1 "${REDUCER_TIMEOUT:-60}" "$bundle/bench/locus_nccl_reducer_bench" --iters 20 \
+    > "$reducer_table" 2>&1 < /dev/null
+  say "rc $?"
+  cat "$reducer_table" | tee -a "$log"
+else
+  say "no GPU: not run"
+fi
+
 section "locus-train on the GPU (gpu_train_bench.sh)"
 if [[ $skip == *" locus "* ]]; then
   say "skipped (SKIP)"
@@ -208,6 +223,10 @@ section "summary"
 "$py" "$here/summarize_gpu.py" --gpu "$gpu" --tests "$tests_tsv" --locus "$out/gpu_train_bench.tsv" \
   --torch "$out/torch_gpu_bench.jsonl" > "$out/summary.txt" 2>> "$log" ||
   { echo "summarize_gpu.py failed; raw tables:"; cat "$tests_tsv" "$out/gpu_train_bench.tsv"; } > "$out/summary.txt"
+if [[ -s $reducer_table ]]; then
+  { echo; echo "NCCL reducer at 1 rank (machinery overhead; staged = D2H+H2D round trip):"
+    grep -v '^#' "$reducer_table" | head -n 20; } >> "$out/summary.txt"
+fi
 cat "$out/summary.txt" >> "$log"
 rm -rf "$work"
 echo
