@@ -135,18 +135,17 @@ def latest(ck):
         return dict(l.split(None, 1) for l in f.read().splitlines() if l and l[0] != "#")
 
 
-def test_sigterm_to_one_rank_checkpoints_all_and_resumes_bitwise(r, tmp):
-    prepare(r, tmp)
-    want = uninterrupted(r, tmp)
-    ck = os.path.join(tmp, "ck")
-    # One second per step boundary, so the signal lands in the middle of the run.
-    cmd, env = launch_command(r, "locus-train", *BASE, "--checkpoint.dir=ck",
-                              "--train.output=p.h5", "--train.metrics=p1.jsonl",
+def sigterm_mid_run(r, tmp, *args):
+    """Runs locus-train (BASE + args; args name --train.metrics) sleeping a second at each step
+    boundary, sends SIGTERM to its last rank once two step lines are written, and returns the
+    finished run (CompletedProcess)."""
+    metrics = os.path.join(tmp, next(a.split("=", 1)[1] for a in args
+                                     if a.startswith("--train.metrics=")))
+    cmd, env = launch_command(r, "locus-train", *BASE, *args,
                               env={"LOCUS_TEST_HOOK": "ckpt-step-boundary:sleep1"})
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        metrics = os.path.join(tmp, "p1.jsonl")
         wait_for(lambda: os.path.exists(metrics) and len(step_lines(metrics)) >= 2, proc, 120,
                  "two steps")
         pids = rank_pids(proc.pid)
@@ -156,7 +155,16 @@ def test_sigterm_to_one_rank_checkpoints_all_and_resumes_bitwise(r, tmp):
     finally:
         if proc.poll() is None:
             proc.kill()
-    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def test_sigterm_to_one_rank_checkpoints_all_and_resumes_bitwise(r, tmp):
+    prepare(r, tmp)
+    want = uninterrupted(r, tmp)
+    ck = os.path.join(tmp, "ck")
+    p = sigterm_mid_run(r, tmp, "--checkpoint.dir=ck", "--train.output=p.h5",
+                        "--train.metrics=p1.jsonl")
+    out = p.stdout
     expect_exit(p, EXIT_REQUEUE, "SIGTERM received: checkpointing step", "stopped by SIGTERM")
     check(out.count("SIGTERM received") == 1, "the signal must be handled once", p)
     check(not os.path.exists(os.path.join(tmp, "p.h5")), "a preempted run wrote its model", p)

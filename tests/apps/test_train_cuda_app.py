@@ -8,16 +8,13 @@ and a CPU checkpoint on the GPU (each said on resume, each within tolerance). At
 Where no GPU can run the backend (no device, or a build without CUDA), it prints why and exits 77,
 which ctest reports as skipped (SKIP_RETURN_CODE)."""
 import os
-import signal
-import subprocess
 import sys
 
 import numpy as np
 
 from apphelpers import check, expect_exit, main
-from test_resume_app import (BASE, EXIT_REQUEUE, expect_same_model, expect_same_steps,
-                             launch_command, latest, prepare, rank_pids, step_lines, tensors,
-                             train, wait_for)
+from test_resume_app import (EXIT_REQUEUE, expect_same_model, expect_same_steps, latest,
+                             prepare, sigterm_mid_run, step_lines, tensors, train)
 
 EXIT_SKIP = 77
 CUDA = ["--train.backend=cuda"]
@@ -88,23 +85,8 @@ def test_sigterm_on_the_gpu_resumes_bitwise(r, tmp):
     prepare(r, tmp)
     expect_exit(train(r, tmp, *CUDA, "--train.output=u.h5", "--train.metrics=u.jsonl"), 0)
     want = step_lines(os.path.join(tmp, "u.jsonl"))
-    cmd, env = launch_command(r, "locus-train", *BASE, *CUDA, "--checkpoint.dir=ck",
-                              "--train.output=p.h5", "--train.metrics=p.jsonl",
-                              env={"LOCUS_TEST_HOOK": "ckpt-step-boundary:sleep1"})
-    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        metrics = os.path.join(tmp, "p.jsonl")
-        wait_for(lambda: os.path.exists(metrics) and len(step_lines(metrics)) >= 2, proc, 120,
-                 "two steps")
-        pids = rank_pids(proc.pid)
-        check(len(pids) == r.ranks, f"found rank pids {pids}")
-        os.kill(pids[r.ranks - 1], signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    p = sigterm_mid_run(r, tmp, *CUDA, "--checkpoint.dir=ck", "--train.output=p.h5",
+                        "--train.metrics=p.jsonl")
     expect_exit(p, EXIT_REQUEUE, "SIGTERM received: checkpointing step")
     stop = step_lines(os.path.join(tmp, "p.jsonl"))[-1]["step"]
     check(0 < stop < 126 and stop % 63 != 0, f"stopped at step {stop}, not mid-epoch", p)
