@@ -47,39 +47,48 @@ std::vector<char*> argv_of(std::vector<std::string>& args) {
   return v;
 }
 
+// True when the app accepted the configuration.
 template <class Settings, class Convert>
-void run_app(const char* name, Input in, Convert&& convert) {
+bool run_app(const char* name, Input in, Convert&& convert) {
   locus::app::Config config(name, "fuzz");
   Settings settings;
   settings.register_options(config);
   std::vector<char*> argv = argv_of(in.args);
-  locus::fuzz::parses([&] {
+  return locus::fuzz::parses([&] {
     locus::app::parse_or_answer(config, locus::fuzz::world(), static_cast<int>(in.args.size()),
                                 argv.data(), in.ini, [&] { convert(settings, config); });
   });
+}
+
+// Every app, as its main parses and converts: false when any refused the configuration.
+bool run_all(const Input& in) {
+  bool ok = run_app<locus::app::IngestSettings>("locus-ingest", in, [](auto& s, auto& c) {
+    s.to_options(c);
+  });
+  ok &= run_app<locus::app::InferSettings>("locus-infer", in, [](auto& s, auto& c) {
+    s.to_options(c);
+  });
+  Input train = in;
+  train.args = locus::app::resume_alias(static_cast<int>(in.args.size()),
+                                        argv_of(train.args).data());
+  ok &= run_app<locus::app::TrainSettings>("locus-train", train, [](auto& s, auto&) {
+    s.to_options();
+    s.checkpoint_options();
+  });
+  return ok;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   locus::fuzz::world();
+  // The embedded default config must be accepted by every app, or the harness tests nothing.
+  if (!run_all(Input{locus::app::default_pipeline_config(), {"locus-fuzz"}}))
+    locus::fuzz::unexpected("baseline", "the default pipeline config is refused");
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const Input in = split_input(std::string_view(reinterpret_cast<const char*>(data), size));
-  run_app<locus::app::IngestSettings>("locus-ingest", in, [](auto& s, auto& c) {
-    s.to_options(c);
-  });
-  run_app<locus::app::InferSettings>("locus-infer", in, [](auto& s, auto& c) {
-    s.to_options(c);
-  });
-  Input train = in;
-  train.args = locus::app::resume_alias(static_cast<int>(in.args.size()),
-                                        argv_of(train.args).data());
-  run_app<locus::app::TrainSettings>("locus-train", train, [](auto& s, auto&) {
-    s.to_options();
-    s.checkpoint_options();
-  });
+  run_all(split_input(std::string_view(reinterpret_cast<const char*>(data), size)));
   return 0;
 }
