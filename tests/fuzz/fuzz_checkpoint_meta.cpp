@@ -90,8 +90,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FuzzedDataProvider fdp(data, size);
   fuzz::write_edited(file.path(), baseline, kEdits, fdp);
   train::CheckpointMeta m;
-  if (!fuzz::parses([&] { m = train::read_checkpoint_meta(fuzz::world(), file.path()); }))
-    return 0;
+  const bool accepted =
+      fuzz::parses([&] { m = train::read_checkpoint_meta(fuzz::world(), file.path()); });
+  fuzz::close_open_h5_objects();
+  if (!accepted) return 0;
   if (m.model.widths.size() < 2) fuzz::unexpected("accepted a model of fewer than 2 widths", "");
   return 0;
 }

@@ -50,7 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   train::ModelInfo info;
   std::optional<train::Mlp> model;
   const auto read = [&] { model.emplace(train::read_model_file(fuzz::world(), file.path(), &info)); };
-  if (!fuzz::parses(read)) return 0;
+  const bool accepted = fuzz::parses(read);
+  fuzz::close_open_h5_objects();
+  if (!accepted) return 0;
   // What the reader promises about a model it accepts.
   const auto& w = model->spec().widths;
   if (w.size() < 2 || info.spec.widths != w ||

@@ -98,7 +98,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   infer::InferOptions opts = options;
   opts.output = file.path();
   infer::InferResult r;
-  if (!fuzz::parses([&] { r = infer::run_inference(fuzz::world(), opts); })) return 0;
+  const bool accepted = fuzz::parses([&] { r = infer::run_inference(fuzz::world(), opts); });
+  fuzz::close_open_h5_objects();
+  if (!accepted) return 0;
   // An accepted file is extended from its watermark to the end of the input.
   if (r.row_begin > kRows || r.row_end != kRows || r.units_written_once != r.units)
     fuzz::unexpected("accepted prediction file gave an inconsistent run",

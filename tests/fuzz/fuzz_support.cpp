@@ -2,12 +2,15 @@
 #include "fuzz_support.hpp"
 
 #include <fcntl.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -50,6 +53,22 @@ void ScratchFile::write(const void* data, std::size_t size) const {
     done += static_cast<std::size_t>(n);
   }
   ::close(fd);
+}
+
+void close_open_h5_objects() {
+  // Everything but files first (they hold the files open), then the files.
+  for (const unsigned types : {H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR,
+                               unsigned{H5F_OBJ_FILE}}) {
+    const ssize_t n = H5Fget_obj_count(H5F_OBJ_ALL, types);
+    if (n <= 0) continue;
+    std::vector<hid_t> ids(static_cast<std::size_t>(n));
+    const ssize_t got = H5Fget_obj_ids(H5F_OBJ_ALL, types, ids.size(), ids.data());
+    for (ssize_t i = 0; i < got; ++i) {
+      const hid_t id = ids[static_cast<std::size_t>(i)];
+      if (H5Iget_type(id) == H5I_FILE ? H5Fclose(id) < 0 : H5Oclose(id) < 0 && H5Aclose(id) < 0)
+        unexpected("cannot close a leftover HDF5 object", std::to_string(id));
+    }
+  }
 }
 
 bool expected_kind(ErrorKind k) {

@@ -36,6 +36,11 @@ class ScratchFile {
   std::string path_;
 };
 
+// Closes every HDF5 object still open. Locus leaves a file open while an exception unwinds
+// (closing is collective; HDF5 closes it at MPI_Finalize), so a process that reads thousands
+// of rejected files must close them itself after each input, as MPI_Finalize would.
+void close_open_h5_objects();
+
 // Prints what went wrong and aborts (libFuzzer then saves the input as a crash).
 [[noreturn]] void unexpected(std::string_view what, std::string_view message);
 // ConfigError, DataError and H5Error: the parsers' typed rejection of bad input.
