@@ -192,6 +192,14 @@ PredictionFile PredictionFile::open(h5::File& file) {
     if (p.topk_index_) check_shape(file.path(), *p.topk_index_, k, committed);
     if (p.topk_value_) check_shape(file.path(), *p.topk_value_, k, committed);
     if (p.writer_) check_shape(file.path(), *p.writer_, 0, committed);
+    // Created and resized together: rows of one dataset are written to all of them.
+    for (const auto* d : {&p.predicted_, &p.topk_index_, &p.topk_value_, &p.writer_}) {
+      if (*d && (*d)->rows() != p.values_.rows()) {
+        throw DataError(fmt::format("'{}': dataset '{}' has {} rows but '{}' has {}; the file is "
+                                    "damaged: pass --overwrite", file.path(), (*d)->name(),
+                                    (*d)->rows(), p.values_.name(), p.values_.rows()));
+      }
+    }
   });
   return p;
 }
