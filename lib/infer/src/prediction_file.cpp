@@ -13,6 +13,7 @@
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
 #include "locus/config.hpp"
+#include "locus/infer/infer.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/publish.hpp"
 #include "quiet_wait.hpp"
@@ -86,7 +87,7 @@ PredictionLayout read_layout(h5::File& file) {
   const auto top_k = h5::read_attr<std::int64_t>(root, "top_k");
   const auto unit_rows = h5::read_attr<std::int64_t>(root, "unit_rows");
   const auto batch_rows = h5::read_attr<std::int64_t>(root, "batch_rows");
-  if (unit_rows < 1 || batch_rows < 1 || batch_rows > INT_MAX || outputs < 1 ||
+  if (unit_rows < 1 || batch_rows < 1 || batch_rows > kMaxBatchRows || outputs < 1 ||
       outputs > INT_MAX || top_k < 0 || top_k > outputs) {
     throw DataError(fmt::format("'{}' has unit_rows {}, batch_rows {}, num_outputs {}, top_k {}: "
                                 "the file is damaged; pass --overwrite to score everything again",
