@@ -13,6 +13,8 @@ packages=(
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev hyperfine
   python3-h5py python3-numpy python3-torch
+  # fuzzing (tests/fuzz): clang with libFuzzer and the sanitizer runtimes
+  clang-14 libclang-rt-14-dev
   # the real data set
   dataset-fashion-mnist
   # the throw-away Slurm cluster used by the slurm-labelled tests

@@ -72,6 +72,32 @@ po::typed_value<T>* typed(T& target, const std::string& key,
   return v;
 }
 
+// Boost.Program_options fills placeholders such as %value% into its messages until none is
+// left, so a value that itself contains one (`lr = %value%`) made what() loop forever (found by
+// tests/fuzz/fuzz_config). Such an error is described without Boost's text.
+bool has_placeholder(std::string_view s) {
+  for (const std::string_view t :
+       {"%value%", "%original_token%", "%canonical_option%", "%option%", "%prefix%"}) {
+    if (s.find(t) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+std::string describe(const po::error& e, const std::vector<std::string>& args,
+                     const std::string& text, const std::string& app) {
+  const std::string hint = dynamic_cast<const po::invalid_option_value*>(&e) != nullptr
+                               ? fmt::format("'{} --help' shows each option's type", app)
+                               : fmt::format("'{} --help' lists every option", app);
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  if (named != nullptr &&
+      (has_placeholder(text) || std::any_of(args.begin(), args.end(), has_placeholder))) {
+    return fmt::format("option '{}' could not be parsed, and its value contains a placeholder "
+                       "of Boost.Program_options (%value%, %option%, ...) that keeps its error "
+                       "message from being printed; {}", named->get_option_name(), hint);
+  }
+  return fmt::format("{}; {}", e.what(), hint);
+}
+
 std::string format_double(double v) {
   std::string s = fmt::format("{}", v);
   return s;
@@ -209,6 +235,7 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
   std::erase_if(args, [](const std::string& a) { return a.empty(); });
 
   po::variables_map vm;
+  std::string text = default_config_text;
   try {
     // No prefix guessing: `--train.epoch=3` must be a typo with a suggestion, not a silent
     // match of train.epochs (nor ambiguous once two keys share the prefix).
@@ -229,7 +256,6 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
     // Look for --config before reading the file, then store the file (command line wins,
     // because Program_options keeps the first value stored for each key).
     if (vm.count("config")) config = vm["config"].as<std::string>();
-    std::string text = default_config_text;
     std::string where = "the built-in default config";
     if (!config.empty()) {
       std::ifstream in(config);
@@ -268,11 +294,8 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
     }
     po::store(file, vm);
     po::notify(vm);
-  } catch (const po::invalid_option_value& e) {
-    throw ConfigError(fmt::format("{}; '{} --help' shows each option's type", e.what(),
-                                  impl_->app));
   } catch (const po::error& e) {
-    throw ConfigError(fmt::format("{}; '{} --help' lists every option", e.what(), impl_->app));
+    throw ConfigError(describe(e, args, text, impl_->app));
   }
   if (help) return Action::help;
   if (print) return Action::print_config;

@@ -16,7 +16,7 @@ void InferSettings::register_options(Config& c) {
                "softmax probabilities or raw outputs (auto: from the model's loss)");
   c.add("infer.top_k", top_k, "also write the k most likely classes per row (0: none)",
         at_least(0));
-  c.add("infer.batch_rows", batch_rows, "rows per forward pass", in_range(std::int64_t{1}, std::int64_t{1} << 20));
+  c.add("infer.batch_rows", batch_rows, "rows per forward pass", in_range(std::int64_t{1}, infer::kMaxBatchRows));
   c.add("infer.unit_rows", unit_rows,
         "rows per work unit (0: about 8192, a multiple of the input's chunk rows)", at_least(0));
   c.add("infer.read_rows", read_rows,

@@ -2,6 +2,7 @@
 // is bit-identical whatever the world size, speculation or stragglers; metrics match; an
 // incremental run after an append equals a full run.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "locus/infer/infer.hpp"
+#include "locus/io/attribute.hpp"
 #include "locus/io/dataset_file.hpp"
 #include "locus/io/json.hpp"
 #include "locus/train/model/model_file.hpp"
@@ -349,4 +351,36 @@ TEST(Infer, ReportMembersInDocumentedOrder) {
 
   r.metrics.reset();
   EXPECT_TRUE(io::Json::parse(infer::report_json(opts, r))["metrics"].is_null());
+// Found while writing tests/fuzz/fuzz_prediction_meta (its regression input reproduces it): a
+// prediction file whose num_outputs and /scores width were edited, the model fingerprint still
+// matching, was extended with rows of the model's width cut at the file's width: an internal
+// assertion (MPI_Abort) on the row count. Now a DataError naming both widths.
+TEST(Infer, IncrementalRefusesAFileOfAnotherOutputWidth) {
+  Job s;
+  write_data(s.world, s.data_path, 300);
+  infer::InferOptions o = s.options(s.dir.file("out.h5"));
+  infer::run_inference(s.world, o);
+  // Rank 0 damages the file with serial HDF5; every rank learns whether that worked.
+  auto damage = [&] {
+    h5::Id f(H5Fopen(o.output.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    if (!f || H5Ldelete(f.get(), "/scores", H5P_DEFAULT) < 0) return false;
+    const hsize_t dims[2] = {300, kClasses - 1};
+    h5::Id space(H5Screate_simple(2, dims, nullptr));
+    h5::Id d(H5Dcreate2(f.get(), "/scores", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+                        H5P_DEFAULT, H5P_DEFAULT));
+    h5::write_attr(f.get(), "num_outputs", std::int64_t{kClasses - 1});
+    h5::write_attr(f.get(), "committed_rows", std::int64_t{100});
+    return static_cast<bool>(d);
+  };
+  const int damaged = s.world.allreduce(s.world.is_root() ? static_cast<int>(damage()) : 1, MPI_MIN);
+  ASSERT_EQ(damaged, 1) << "rank 0 could not edit the prediction file";
+  o.incremental = true;
+  try {
+    infer::run_inference(s.world, o);
+    ADD_FAILURE() << "a file of another output width must be refused";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(e.agreed());
+    const std::string want = fmt::format("holds {} outputs per row but model", kClasses - 1);
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
 }

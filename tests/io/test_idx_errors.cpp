@@ -145,3 +145,19 @@ TEST(IdxErrors, LabelFileDoesNotMatch) {
   msg = idx_error(world, {dir.file("img"), dir.file("shortlab.gz")});
   test::expect_contains(msg, "'" + dir.file("shortlab.gz") + "' is shorter than its header says");
 }
+
+// Found by tests/fuzz (fuzz_idx): a gzip header claiming ~15 GB of records allocated them before
+// reading a byte of data, and a header of 0 records but 2^40 features per record asked for 2^40
+// feature names. Both are now DataErrors, with memory bounded by the data actually read.
+TEST(IdxErrors, HeaderClaimsMoreThanTheDataHolds) {
+  mpi::Comm world = mpi::Comm::world();
+  test::SharedTempDir dir(world);
+  test::write_shared(world, dir.file("big.gz"), header(0x08, {60000, 500, 500}) + "abc", true);
+  std::string msg = idx_error(world, {dir.file("big.gz"), ""});
+  test::expect_contains(msg, "is shorter than its header says");
+  test::expect_contains(msg, "after decompression");
+  test::write_shared(world, dir.file("wide"), header(0x08, {0, 1u << 20, 1u << 20}));
+  msg = idx_error(world, {dir.file("wide"), ""});
+  test::expect_contains(msg, "has an implausible shape [0, 1048576, 1048576]");
+  test::expect_contains(msg, "at most 16777216 are supported");
+}

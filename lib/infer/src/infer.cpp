@@ -174,6 +174,14 @@ Scored run_incremental(Job& job, std::uint64_t& begin) {
                                     out.provenance().model, out.provenance().model_fingerprint,
                                     job.opts.model, job.prov.model_fingerprint));
       }
+      // The fingerprint can match while num_outputs does not (a damaged or edited file); the
+      // rows written below have the model's width, so a mismatch must stop here.
+      if (have.outputs != job.layout.outputs) {
+        throw DataError(fmt::format("--incremental: '{}' holds {} outputs per row but model '{}' "
+                                    "has {}: the file is damaged or not this model's; pass "
+                                    "--overwrite", path, have.outputs, job.opts.model,
+                                    job.layout.outputs));
+      }
       if (have.kind != job.layout.kind || have.top_k != job.layout.top_k) {
         throw ConfigError(fmt::format("--incremental: '{}' holds {} with top_k = {}, but this "
                                       "run asks for {} with top_k = {}; match its settings or "

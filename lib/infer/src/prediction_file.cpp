@@ -8,10 +8,12 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <climits>
 
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
 #include "locus/config.hpp"
+#include "locus/infer/infer.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/publish.hpp"
 #include "quiet_wait.hpp"
@@ -80,16 +82,22 @@ PredictionLayout read_layout(h5::File& file) {
   } catch (const ConfigError& e) {
     throw DataError(fmt::format("'{}': {}", file.path(), e.what()));
   }
-  l.outputs = static_cast<int>(h5::read_attr<std::int64_t>(root, "num_outputs"));
-  l.top_k = static_cast<int>(h5::read_attr<std::int64_t>(root, "top_k"));
-  l.unit_rows = static_cast<std::uint64_t>(h5::read_attr<std::int64_t>(root, "unit_rows"));
-  l.batch_rows = static_cast<std::uint64_t>(h5::read_attr<std::int64_t>(root, "batch_rows"));
-  l.record_writer = h5::exists(root, kWriter);
-  if (l.unit_rows < 1 || l.batch_rows < 1 || l.outputs < 1) {
-    throw DataError(fmt::format("'{}' has unit_rows {}, batch_rows {}, num_outputs {}: the file "
-                                "is damaged; pass --overwrite to score everything again",
-                                file.path(), l.unit_rows, l.batch_rows, l.outputs));
+  // Range-checked as stored, before narrowing: a negative unit_rows must not become 2^64 - 1.
+  const auto outputs = h5::read_attr<std::int64_t>(root, "num_outputs");
+  const auto top_k = h5::read_attr<std::int64_t>(root, "top_k");
+  const auto unit_rows = h5::read_attr<std::int64_t>(root, "unit_rows");
+  const auto batch_rows = h5::read_attr<std::int64_t>(root, "batch_rows");
+  if (unit_rows < 1 || batch_rows < 1 || batch_rows > kMaxBatchRows || outputs < 1 ||
+      outputs > INT_MAX || top_k < 0 || top_k > outputs) {
+    throw DataError(fmt::format("'{}' has unit_rows {}, batch_rows {}, num_outputs {}, top_k {}: "
+                                "the file is damaged; pass --overwrite to score everything again",
+                                file.path(), unit_rows, batch_rows, outputs, top_k));
   }
+  l.outputs = static_cast<int>(outputs);
+  l.top_k = static_cast<int>(top_k);
+  l.unit_rows = static_cast<std::uint64_t>(unit_rows);
+  l.batch_rows = static_cast<std::uint64_t>(batch_rows);
+  l.record_writer = h5::exists(root, kWriter);
   return l;
 }
 
@@ -185,6 +193,14 @@ PredictionFile PredictionFile::open(h5::File& file) {
     if (p.topk_index_) check_shape(file.path(), *p.topk_index_, k, committed);
     if (p.topk_value_) check_shape(file.path(), *p.topk_value_, k, committed);
     if (p.writer_) check_shape(file.path(), *p.writer_, 0, committed);
+    // Created and resized together: rows of one dataset are written to all of them.
+    for (const auto* d : {&p.predicted_, &p.topk_index_, &p.topk_value_, &p.writer_}) {
+      if (*d && (*d)->rows() != p.values_.rows()) {
+        throw DataError(fmt::format("'{}': dataset '{}' has {} rows but '{}' has {}; the file is "
+                                    "damaged: pass --overwrite", file.path(), (*d)->name(),
+                                    (*d)->rows(), p.values_.name(), p.values_.rows()));
+      }
+    }
   });
   return p;
 }

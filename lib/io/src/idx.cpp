@@ -25,6 +25,8 @@ namespace locus::io {
 namespace {
 
 constexpr std::size_t kChunk = std::size_t{1} << 20;
+// Most features per record: 2^24 (a 4096x4096 image), far beyond any IDX data set.
+constexpr std::uint64_t kMaxFeatures = std::uint64_t{1} << 24;
 
 struct GzTraits {
   using value_type = gzFile;
@@ -200,8 +202,9 @@ struct IdxHeader {
   std::uint64_t record_elems = 1;  // d1*d2*...
   std::size_t elem_size = 0;
   std::uint64_t header_bytes = 0;
+  std::uint64_t total = 0;         // header and data bytes (checked against overflow)
   std::uint64_t record_bytes() const { return record_elems * elem_size; }
-  std::uint64_t total_bytes() const { return header_bytes + records * record_bytes(); }
+  std::uint64_t total_bytes() const { return total; }
 };
 
 std::string shape_text(const std::vector<std::uint32_t>& dims) {
@@ -251,6 +254,17 @@ IdxHeader read_header(IdxStream& s) {
                                   "at least 1; the file is corrupt", s.path(), shape_text(h.dims)));
     }
   }
+  // Every feature gets a name and a column: a record of more features than kMaxFeatures is a
+  // corrupt header, not data (and with 0 records no data size would ever refute it).
+  std::uint64_t data_bytes = 0;
+  if (h.record_elems > kMaxFeatures ||
+      __builtin_mul_overflow(h.records, h.record_elems * h.elem_size, &data_bytes) ||
+      __builtin_add_overflow(h.header_bytes, data_bytes, &h.total)) {
+    throw DataError(fmt::format("'{}' has an implausible shape {}: records of {} features (at "
+                                "most {} are supported) or more than 2^64 bytes of data; the "
+                                "header is corrupt: re-create the file",
+                                s.path(), shape_text(h.dims), h.record_elems, kMaxFeatures));
+  }
   return h;
 }
 
@@ -279,13 +293,17 @@ void read_records(IdxStream& s, const IdxHeader& h, detail::Range r, std::vector
       fmt::format("shape {} of {}-byte elements", shape_text(h.dims), h.elem_size);
   s.skip_to(h.header_bytes + r.begin * h.record_bytes(), what);
   const std::uint64_t total = r.count() * h.record_elems;
-  out.resize(total);
+  // A gzip file's header is not checked against a size: grow with the data actually read, so
+  // a header claiming more than the stream holds fails as truncated instead of allocating it.
+  out.clear();
+  if (!s.gzip()) out.reserve(total);
   const std::size_t chunk_elems = std::max<std::size_t>(1, kChunk / h.elem_size);
   std::vector<unsigned char> buf(std::min<std::uint64_t>(chunk_elems, total) * h.elem_size);
   for (std::uint64_t done = 0; done < total;) {
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_elems, total - done));
     if (s.read(buf.data(), n * h.elem_size) != n * h.elem_size)
       s.throw_short(h.total_bytes(), what);
+    out.resize(done + n);
     decode(h.dtype, buf.data(), n, out.data() + done);
     done += n;
   }

@@ -14,6 +14,10 @@
 
 namespace locus::infer {
 
+// The largest batch (rows per forward pass) a run may use, and so a prediction file may record:
+// a damaged file's batch_rows must not size the scorer's buffers.
+inline constexpr std::int64_t kMaxBatchRows = std::int64_t{1} << 20;
+
 struct InferOptions {
   std::string model;                   // model file or training checkpoint
   std::string input;                   // HDF5 file with a float [N, D] features dataset

@@ -26,8 +26,9 @@ struct IdxOptions {
 // stream, so zlib verifies the gzip CRC and trailing data is detected.
 //
 // Throws DataError, identical on every rank, when a file cannot be opened, has a wrong magic,
-// an unknown dtype, is shorter (or longer) than its header says, is a truncated or corrupt
-// gzip, or when the label count differs from the image count.
+// an unknown dtype, more than 2^24 features per record, is shorter (or longer) than its
+// header says (memory grows with the data read, never with a gzip header's claim), is a
+// truncated or corrupt gzip, or when the label count differs from the image count.
 Table read_idx(const mpi::Comm& comm, const IdxOptions& opts);
 
 }  // namespace locus::io

@@ -86,7 +86,11 @@ class StagePartition {
 
 // One operation of a stage's schedule: the forward or backward of one micro-batch.
 struct PipelineOp {
-  enum Kind { forward, backward } kind = forward;
+  // Scoped, with the names brought in: unscoped enumerators here shadow train::forward and
+  // train::backward, which clang's -Wshadow rejects.
+  enum class Kind { forward, backward };
+  using enum Kind;
+  Kind kind = forward;
   int micro_batch = 0;
   bool operator==(const PipelineOp&) const = default;
 };
