@@ -351,6 +351,8 @@ TEST(Infer, ReportMembersInDocumentedOrder) {
 
   r.metrics.reset();
   EXPECT_TRUE(io::Json::parse(infer::report_json(opts, r))["metrics"].is_null());
+}
+
 // Found while writing tests/fuzz/fuzz_prediction_meta (its regression input reproduces it): a
 // prediction file whose num_outputs and /scores width were edited, the model fingerprint still
 // matching, was extended with rows of the model's width cut at the file's width: an internal
