@@ -7,12 +7,14 @@ and a CPU checkpoint on the GPU (each said on resume, each within tolerance). At
 
 Where no GPU can run the backend (no device, or a build without CUDA), it prints why and exits 77,
 which ctest reports as skipped (SKIP_RETURN_CODE)."""
+import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 
-from apphelpers import check, expect_exit, main
+from apphelpers import AppRunner, check, expect_exit, main
 from test_resume_app import (EXIT_REQUEUE, expect_same_model, expect_same_steps, latest,
                              prepare, sigterm_mid_run, step_lines, tensors, train)
 
@@ -30,7 +32,6 @@ def relative(a_path, b_path):
 
 
 def last_eval(path):
-    import json
     with open(path) as f:
         lines = [json.loads(l) for l in f if '"type":"epoch"' in l.replace(" ", "")]
     check(lines, f"{path} has no epoch line")
@@ -123,8 +124,6 @@ def test_checkpoints_cross_between_gpu_and_cpu(r, tmp):
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit("usage: test_train_cuda_app.py BINDIR RANKS")
-    import tempfile
-    from apphelpers import AppRunner
     with tempfile.TemporaryDirectory(prefix="locus-cuda-probe-") as probe_dir:
         why = why_no_gpu(AppRunner(sys.argv[1], int(sys.argv[2])), probe_dir)
     if why is not None:
