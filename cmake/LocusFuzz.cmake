@@ -5,7 +5,7 @@
 if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   message(FATAL_ERROR "LOCUS_FUZZ needs clang (libFuzzer): configure a separate build directory "
                       "with -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 "
-                      "(tests/fuzz/build.sh does it)")
+                      "(scripts/sanitize.sh asan does it)")
 endif()
 # -O1 and line tables only: the sanitizers find the same bugs, the build is much faster.
 add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
