@@ -4,6 +4,7 @@ are compared with the metrics file's.
 
 - a real run: configs/tiny.ini trained for 378 steps (6 epochs) with checkpoints, its log and
   checkpoint directory, telemetry lines and a Prometheus file (train.prometheus);
+- a real requeue: SIGTERM to one rank mid-run (exit 75), then --resume=auto;
 - a hand-made metrics file with the line types of other parts of locus (event, ranks,
   telemetry with GPU figures, run lines) and a requeue: a resume after a gap of 20 minutes;
 - bad input: a missing file, lines that are not JSON, a file without training lines, a bad
@@ -20,6 +21,7 @@ import subprocess
 
 
 from apphelpers import check, expect_exit, main
+from test_resume_app import BASE, sigterm_mid_run
 from test_train_app import CONFIG, prepare
 
 EXIT_CONFIG, EXIT_DATA, EXIT_IO = 2, 3, 5
@@ -193,6 +195,34 @@ def test_report_of_a_real_run(r, tmp):
                         prom, re.M), f"job.prom lacks rank {rank}'s RSS:\n{prom}")
 
 
+def test_report_of_a_requeued_run(r, tmp):
+    """A real requeue: SIGTERM to one rank (checkpoint, exit 75), then --resume=auto appending to
+    the same log: the page shows one restart at the checkpoint's step and both runs."""
+    prepare(r, tmp)
+    args = ("--checkpoint.dir=ck", "--train.metrics=rq.jsonl", "--train.output=")
+    p1 = sigterm_mid_run(r, tmp, *args)
+    expect_exit(p1, 75, "stopped by SIGTERM after step")
+    stop = int(re.search(r"stopped by SIGTERM after step (\d+)", p1.stdout).group(1))
+    p2 = r.run("locus-train", *BASE, *args, "--resume=auto", cwd=tmp)
+    expect_exit(p2, 0, f"resumed from ck/ckpt-{stop:08d}.h5: step {stop} of 126")
+    with open(os.path.join(tmp, "rq.log"), "w") as f:
+        f.write(p1.stdout + p2.stdout)
+    runs = [l for l in metrics_lines(os.path.join(tmp, "rq.jsonl")) if l["type"] == "run"]
+    check([l["step"] for l in runs] == [0, stop], f"run lines at steps {[l['step'] for l in runs]}")
+    check(runs[1]["resumed_from"] == f"ck/ckpt-{stop:08d}.h5", f"resumed_from {runs[1]}")
+    q = report(r, "rq.jsonl", "--log", "rq.log", "--checkpoints", "ck", cwd=tmp)
+    expect_exit(q, 0)
+    dom, images = browse(os.path.join(tmp, "rq.report.html"), tmp)
+    expect_plots(dom, images, ["loss", "accuracy", "timeline", "telemetry"])
+    check(span(dom, "restarts")[1] == "1", "the requeue is not one restart in the page")
+    check(re.search(rf"<h3>Restarts</h3>.*?<td>{stop}</td>.*?ck/ckpt-{stop:08d}\.h5", dom, re.S),
+          f"the restarts table does not show the resume at step {stop}")
+    check(re.search(r"<td>1</td><td>start</td><td>\d+</td><td>stopped by SIGTERM, exit 75</td>",
+                    dom) and re.search(rf"<td>2</td><td>{stop}</td><td>\d+</td><td>finished</td>", dom),
+          "the log's two runs are not in the page")
+    check(span(dom, "last-step")[1] == "126", "the resumed run's last step is not shown")
+
+
 def hand_made(path, ranks=4):
     """A 2-run job as its metrics file reads: run 1 trains to step 100 (a checkpoint; whatever it
     wrote after it, the resumed run dropped), the job is down 20 minutes, run 2 resumes at 100
@@ -321,4 +351,5 @@ def test_report_bad_input(r, tmp):
 
 
 if __name__ == "__main__":
-    main([test_report_of_a_real_run, test_report_hand_made], once=[test_report_bad_input])
+    main([test_report_of_a_real_run, test_report_of_a_requeued_run, test_report_hand_made],
+         once=[test_report_bad_input])
