@@ -117,13 +117,15 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
       std::in_place, *trainer, ckpt, config.effective_ini(),
       world.is_root() ? train::Checkpointer::Log(say) : train::Checkpointer::Log());
   const train::ResumeResult resumed = checkpointer->resume(settings.ckpt_resume);
+  // Collective: the ranks' host names; a Prometheus file that cannot be written is exit 5 here,
+  // before the metrics file is touched.
+  train::telemetry::Telemetry telemetry(
+      grid.world(), {settings.telemetry, settings.prometheus, opts.compute.backend == "cuda"},
+      nullptr);
   // After the resume: a resumed run keeps the metrics lines up to its checkpoint's step.
   train::JsonlMetrics metrics(grid.world(), settings.metrics,
                               resumed.resumed ? resumed.meta.step : -1);
-  // Collective: the ranks' host names; a Prometheus file that cannot be written is exit 5 here.
-  train::telemetry::Telemetry telemetry(
-      grid.world(), {settings.telemetry, settings.prometheus, opts.compute.backend == "cuda"},
-      &metrics);
+  telemetry.attach(&metrics);
   metrics.write_record(run_line(*trainer, resumed, telemetry, config.effective_ini(),
                                 checkpointer->run_id()));
   app::Progress progress(world.is_root(), opts.epochs);

@@ -118,7 +118,8 @@ void TrainSettings::register_options(Config& c) {
   c.add("train.telemetry", telemetry,
         "every log interval, each rank's RSS, CPU time, page faults, storage I/O and (cuda "
         "backend, through NVML) GPU utilization, memory, power, temperature and clocks, "
-        "gathered into a telemetry line of the metrics file and the Prometheus file");
+        "gathered into a telemetry line of the metrics file and the Prometheus file (one "
+        "MPI_Gather per interval; false: none of it)");
   c.add("train.prometheus", prometheus,
         "Prometheus text file rank 0 rewrites (temporary file + rename) every log interval: "
         "step, loss, throughput, data wait and the telemetry, for node_exporter's textfile "

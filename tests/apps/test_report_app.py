@@ -134,6 +134,12 @@ def metrics_lines(path):
 
 def test_report_of_a_real_run(r, tmp):
     prepare(r, tmp)
+    # An unwritable Prometheus path: exit 5 on every rank before anything is written.
+    p = r.run("locus-train", "--config", CONFIG, "--train.prometheus=no/such/dir/job.prom",
+              "--train.metrics=never.jsonl", cwd=tmp)
+    expect_exit(p, EXIT_IO, "cannot write the Prometheus file 'no/such/dir/job.prom'",
+                "set train.prometheus to a writable path")
+    check(not os.path.exists(os.path.join(tmp, "never.jsonl")), "a refused run wrote metrics", p)
     p = r.run("locus-train", "--config", CONFIG, "--checkpoint.dir=ck",
               "--checkpoint.every_steps=100", "--checkpoint.keep_last=0",
               "--train.prometheus=job.prom", cwd=tmp)

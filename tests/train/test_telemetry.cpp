@@ -324,7 +324,9 @@ TEST(Telemetry, UnwritablePrometheusPathIsRefusedOnEveryRank) {
   EXPECT_NE(msg.find("set train.prometheus to a writable path"), std::string::npos) << msg;
 }
 
-TEST(Telemetry, DisabledDoesNothing) {
+// train.telemetry = false: no sampling and no telemetry lines; the Prometheus file still has
+// the job's figures, without per-rank series.
+TEST(Telemetry, DisabledSamplesNothing) {
   test::SharedTmpDir dir(world());
   {
     train::JsonlMetrics metrics(world(), dir.file("m.jsonl"));
@@ -333,11 +335,12 @@ TEST(Telemetry, DisabledDoesNothing) {
     o.prometheus = dir.file("job.prom");
     Telemetry t(world(), o, &metrics);
     train::StepMetrics m;
+    m.step = 7;
     t.on_step(m);
   }
-  world().barrier();
-  EXPECT_FALSE(fs::exists(dir.file("job.prom")));
-  if (world().is_root()) {
-    EXPECT_EQ(slurp(dir.file("m.jsonl")), "");
-  }
+  if (!world().is_root()) return;
+  EXPECT_EQ(slurp(dir.file("m.jsonl")), "");
+  const auto p = parse_prometheus(slurp(dir.file("job.prom")));
+  EXPECT_EQ(p.at("locus_train_step"), 7);
+  for (const auto& [k, v] : p) EXPECT_FALSE(k.starts_with("locus_rank_")) << k;
 }

@@ -313,9 +313,9 @@ void write_file_atomically(const std::string& path, const std::string& text) {
 
 Telemetry::Telemetry(const mpi::Comm& comm, TelemetryOptions options, JsonlMetrics* sink)
     : comm_(comm), opts_(std::move(options)), sink_(sink) {
-  if (!opts_.enabled) return;
+  if (!opts_.enabled && opts_.prometheus.empty()) return;
   hosts_ = all_hosts(comm_);
-  if (opts_.gpu) {
+  if (opts_.enabled && opts_.gpu) {
     nvml_ = Nvml::load(&gpu_note_, opts_.nvml_library);
     std::string pci = opts_.gpu_device;
 #if LOCUS_WITH_CUDA
@@ -339,7 +339,7 @@ Telemetry::Telemetry(const mpi::Comm& comm, TelemetryOptions options, JsonlMetri
 Telemetry::~Telemetry() {
   // The job is over (or going): say so, with the last figures, so a dashboard does not show a
   // stopped job as running.
-  if (opts_.enabled && comm_.is_root() && prometheus_ok_ && !opts_.prometheus.empty()) {
+  if (comm_.is_root() && prometheus_ok_ && !opts_.prometheus.empty()) {
     try {
       write_file_atomically(opts_.prometheus,
                             prometheus_text(last_step_ ? &*last_step_ : nullptr, last_,
@@ -350,23 +350,26 @@ Telemetry::~Telemetry() {
 }
 
 void Telemetry::on_step(const StepMetrics& m) {
-  if (!opts_.enabled) return;
-  RankSample mine;
-  mine.process = sample_process();
-  if (nvml_) mine.gpu = nvml_->sample();
-  const auto packed = mine.pack();
-  std::vector<double> all(comm_.is_root() ? RankSample::kValues * comm_.size() : 0);
-  LOCUS_MPI_CHECK(MPI_Gather(packed.data(), static_cast<int>(packed.size()), MPI_DOUBLE,
-                             all.data(), static_cast<int>(packed.size()), MPI_DOUBLE, 0,
-                             comm_.get()));
-  if (!comm_.is_root()) return;
-  last_.clear();
-  for (int r = 0; r < comm_.size(); ++r) {
-    last_.push_back(RankSample::unpack(all.data() + RankSample::kValues * r));
+  if (opts_.enabled) {
+    RankSample mine;
+    mine.process = sample_process();
+    if (nvml_) mine.gpu = nvml_->sample();
+    const auto packed = mine.pack();
+    std::vector<double> all(comm_.is_root() ? RankSample::kValues * comm_.size() : 0);
+    LOCUS_MPI_CHECK(MPI_Gather(packed.data(), static_cast<int>(packed.size()), MPI_DOUBLE,
+                               all.data(), static_cast<int>(packed.size()), MPI_DOUBLE, 0,
+                               comm_.get()));
+    if (comm_.is_root()) {
+      last_.clear();
+      for (int r = 0; r < comm_.size(); ++r) {
+        last_.push_back(RankSample::unpack(all.data() + RankSample::kValues * r));
+      }
+    }
   }
+  if (!comm_.is_root()) return;
   last_step_ = m;
   const double now = unix_seconds();
-  if (sink_ != nullptr) sink_->write_record(to_json(m.step, now, last_));
+  if (opts_.enabled && sink_ != nullptr) sink_->write_record(to_json(m.step, now, last_));
   if (!opts_.prometheus.empty() && prometheus_ok_) {
     try {
       write_file_atomically(opts_.prometheus, prometheus_text(&m, last_, hosts_, now, true));

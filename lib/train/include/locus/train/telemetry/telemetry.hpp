@@ -97,7 +97,8 @@ std::string prometheus_text(const StepMetrics* step, const std::vector<RankSampl
 void write_file_atomically(const std::string& path, const std::string& text);
 
 struct TelemetryOptions {
-  bool enabled = true;     // train.telemetry: the metrics lines and the Prometheus file
+  bool enabled = true;     // train.telemetry: sample the ranks (telemetry lines, the per-rank
+                           // series of the Prometheus file)
   std::string prometheus;  // train.prometheus: the file rank 0 rewrites (empty: none)
   bool gpu = false;        // sample this rank's GPU (the cuda backend)
   std::string nvml_library = "libnvidia-ml.so.1";
@@ -105,7 +106,9 @@ struct TelemetryOptions {
 };
 
 // The observer: on every rank at each interval's end (on_step) it samples, gathers and, on
-// rank 0, writes the telemetry line into `sink` and the Prometheus file.
+// rank 0, writes the telemetry line into `sink` and the Prometheus file. Without sampling
+// (enabled = false) the Prometheus file still gets the job-wide figures; without either it does
+// nothing, collectives included.
 class Telemetry final : public TrainObserver {
  public:
   // Collective over comm. A Prometheus path that cannot be written is an IoError on every rank
@@ -117,6 +120,8 @@ class Telemetry final : public TrainObserver {
   Telemetry& operator=(const Telemetry&) = delete;
 
   void on_step(const StepMetrics& m) override;
+  // Where the telemetry lines go from now on (null: nowhere); must outlive this object.
+  void attach(JsonlMetrics* sink) noexcept { sink_ = sink; }
 
   // Every rank's host name, in rank order (on every rank).
   const std::vector<std::string>& hosts() const noexcept { return hosts_; }
