@@ -13,6 +13,8 @@ packages=(
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev hyperfine
   python3-h5py python3-numpy python3-torch
+  # the run report (locus-report: matplotlib plots) and its test (a headless browser)
+  python3-matplotlib chromium
   # fuzzing (tests/fuzz): clang with libFuzzer and the sanitizer runtimes
   clang-14 libclang-rt-14-dev
   # the real data set

@@ -3,7 +3,8 @@
 # pipeline of configs/fashion-mnist.ini (the apps' embedded default) under plain mpirun with
 # 2 ranks: ingest the Fashion-MNIST train and test sets and print their summaries, then train
 # the MLP on the train set (evaluated on the test set every epoch), score the test set with the
-# trained model (locus-infer) and print its accuracy.
+# trained model (locus-infer) and print its accuracy. The training run's report (locus-report:
+# one HTML page with plots) is written to out/fashion-mnist-report.html.
 # Outputs go to ./out/ (override with LOCUS_OUT=dir). Extra args go to the app whose config
 # sections they name (--ingest.*/--gates.* to locus-ingest; --data/model/optim/train/loader/
 # eval/checkpoint.* and --resume to locus-train; --infer.* to locus-infer; write them as
@@ -42,6 +43,10 @@ launch "$bin/locus-train" --data.train="$out/fashion-mnist-train.h5" \
   --data.test="$out/fashion-mnist-test.h5" --train.output="$out/fashion-mnist-model.h5" \
   --train.metrics="$out/fashion-mnist-metrics.jsonl" --checkpoint.dir="$out/checkpoints" \
   "${train_args[@]}" | tee "$out/train.log"
+echo "== report: the training run as one HTML page (plots, checkpoints, telemetry, config)"
+report=$(/usr/bin/python3 "$bin/locus-report" "$out/fashion-mnist-metrics.jsonl" \
+  --log "$out/train.log" --checkpoints "$out/checkpoints" -o "$out/fashion-mnist-report.html")
+echo "   run report: $report"
 echo "== infer: score the test set with the trained model, $ranks ranks"
 launch "$bin/locus-infer" --overwrite --infer.model="$out/fashion-mnist-model.h5" \
   --infer.input="$out/fashion-mnist-test.h5" --infer.output="$out/fashion-mnist-scores.h5" \
@@ -50,3 +55,4 @@ echo "== Fashion-MNIST test accuracy: $(sed -n 's/^  accuracy \([0-9.]*\),.*/\1/
      "(locus-infer; predictions $out/fashion-mnist-scores.h5, report" \
      "$out/fashion-mnist-scores.h5.report.json; the trainer's own evaluation:" \
      "$(sed -n 's/^test accuracy \([0-9.]*\).*/\1/p' "$out/train.log"))"
+echo "== run report: $report"

@@ -18,7 +18,10 @@
 #include "locus/train/checkpoint/checkpoint.hpp"
 #include "locus/train/model/model_file.hpp"
 #include "locus/train/checkpoint/preempt.hpp"
+#include "locus/train/telemetry/telemetry.hpp"
 #include "locus/train/trainer.hpp"
+#include "locus/config.hpp"
+#include "locus/io/json.hpp"
 #include "progress.hpp"
 #include "train_options.hpp"
 
@@ -45,6 +48,31 @@ std::vector<std::string> gather_lines(const mpi::Comm& comm, const std::string& 
                              static_cast<std::size_t>(lengths[r])));
   }
   return out;
+}
+
+// The metrics file's "run" line (docs/FORMATS.md): where and how this run (a start, or a resume
+// of a requeued job) trains, for the run report.
+std::string run_line(const train::Trainer& t, const train::ResumeResult& resumed,
+                     const train::telemetry::Telemetry& telemetry, const std::string& config,
+                     const std::string& run_id) {
+  io::Json j;
+  j["type"] = "run";
+  j["step"] = resumed.resumed ? resumed.meta.step : 0;
+  j["time"] = train::unix_seconds();
+  if (resumed.resumed) j["resumed_from"] = resumed.path;
+  if (!run_id.empty()) j["run_id"] = run_id;
+  j["world_size"] = t.grid().world().size();
+  j["grid"] = t.grid().describe();
+  j["host"] = mpi::hostname();
+  if (!telemetry.hosts().empty()) j["hosts"] = telemetry.hosts();
+  if (const char* e = std::getenv("SLURM_JOB_ID")) j["slurm_job"] = e;
+  if (const char* e = std::getenv("SLURM_RESTART_COUNT")) j["slurm_restart_count"] = e;
+  j["compute"] = t.compute_description();
+  j["reducer"] = t.reducer_description();
+  j["tool_version"] = LOCUS_VERSION;
+  j["git_revision"] = LOCUS_GIT_REVISION;
+  j["config"] = config;
+  return io::dump_json(j);
 }
 
 void say(const std::string& line) {
@@ -89,12 +117,21 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
       std::in_place, *trainer, ckpt, config.effective_ini(),
       world.is_root() ? train::Checkpointer::Log(say) : train::Checkpointer::Log());
   const train::ResumeResult resumed = checkpointer->resume(settings.ckpt_resume);
+  // Collective: the ranks' host names; a Prometheus file that cannot be written is exit 5 here,
+  // before the metrics file is touched.
+  train::telemetry::Telemetry telemetry(
+      grid.world(), {settings.telemetry, settings.prometheus, opts.compute.backend == "cuda"},
+      nullptr);
   // After the resume: a resumed run keeps the metrics lines up to its checkpoint's step.
   train::JsonlMetrics metrics(grid.world(), settings.metrics,
                               resumed.resumed ? resumed.meta.step : -1);
+  telemetry.attach(&metrics);
+  metrics.write_record(run_line(*trainer, resumed, telemetry, config.effective_ini(),
+                                checkpointer->run_id()));
   app::Progress progress(world.is_root(), opts.epochs);
   train::ObserverList observers;
   observers.add(&metrics);
+  observers.add(&telemetry);
   observers.add(&progress);
   progress.header(*trainer);
   if (opts.compute.backend != "cpu") {
@@ -105,6 +142,7 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     }
     say(fmt::format("  gradient all-reduce: {}", trainer->reducer_description()));
   }
+  if (!telemetry.gpu_note().empty() && world.is_root()) say("  note: " + telemetry.gpu_note());
   if (resumed.resumed && world.is_root()) {
     const train::CheckpointMeta& m = resumed.meta;
     say(fmt::format("resumed from {}: step {} of {} (epoch {}, {} samples into it)",

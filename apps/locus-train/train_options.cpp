@@ -115,6 +115,15 @@ void TrainSettings::register_options(Config& c) {
         at_least(0));
   c.add("train.output", output, "model file to write (empty: none)");
   c.add("train.metrics", metrics, "metrics as JSON lines (empty: none)");
+  c.add("train.telemetry", telemetry,
+        "every log interval, each rank's RSS, CPU time, page faults, storage I/O and (cuda "
+        "backend, through NVML) GPU utilization, memory, power, temperature and clocks, "
+        "gathered into a telemetry line of the metrics file and the Prometheus file (one "
+        "MPI_Gather per interval; false: none of it)");
+  c.add("train.prometheus", prometheus,
+        "Prometheus text file rank 0 rewrites (temporary file + rename) every log interval: "
+        "step, loss, throughput, data wait and the telemetry, for node_exporter's textfile "
+        "collector (empty: none)");
   c.add_choice("loader.shuffle", shuffle, {"global", "local"},
                "global: one permutation of the whole set per epoch (any rank count sees the "
                "same batches); local: each rank shuffles its own partition (no data moves)");

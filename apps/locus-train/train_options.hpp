@@ -39,6 +39,8 @@ struct TrainSettings {
   double reducer_timeout_s = 600;
   std::string output = "out/fashion-mnist-model.h5";
   std::string metrics = "out/fashion-mnist-metrics.jsonl";
+  bool telemetry = true;
+  std::string prometheus;
   // [loader]
   std::string shuffle = "global";
   std::int64_t loader_seed = 0, prefetch = 4, memory_budget_mb = 1024;

@@ -43,10 +43,10 @@ m=$(submit_train m -p low)
 s=$(LOCUS_LAUNCHER=srun submit_train s -p debug)
 after=$(slurm_submit --dependency=afterok:"$m" -o after.log --wrap 'echo "after started"')
 
-# Metrics lines (one a step) job NAME's first run has written so far.
+# Step lines (one a step) job NAME's first run has written so far.
 metric_lines() {
   local n
-  n=$(grep -c . "metrics-$1.jsonl" 2>/dev/null || true)
+  n=$(grep -c '^{"type":"step",' "metrics-$1.jsonl" 2>/dev/null || true)
   echo "${n:-0}"
 }
 # Both jobs are past metrics line $1; fails the test at once if either has ended.

@@ -31,7 +31,7 @@ readonly interrupt_at=100
 
 metric_lines() {
   local n
-  n=$(grep -c . "metrics-$1.jsonl" 2>/dev/null || true)
+  n=$(grep -c '^{"type":"step",' "metrics-$1.jsonl" 2>/dev/null || true)
   echo "${n:-0}"
 }
 # 0. Outside Slurm: slurm/train.sbatch run by bash, SIGTERM to its whole process group (as a

@@ -41,10 +41,10 @@ slurm_wait_state "$ingest" COMPLETED 120 || slurm_fail "the ingest job failed: $
 # The unsuspended reference, alongside.
 locus_reference_start "${train_args[@]}"
 
-# Metrics lines job NAME has written (one every step).
+# Step lines job NAME has written (one every step).
 metric_lines() {
   local n
-  n=$(grep -c . "metrics-$1.jsonl" 2>/dev/null || true)
+  n=$(grep -c '^{"type":"step",' "metrics-$1.jsonl" 2>/dev/null || true)
   echo "${n:-0}"
 }
 # The header rank 0 prints once every rank has started and opened the data. Suspending earlier

@@ -35,7 +35,9 @@ TEST(MetricsJson, StepLine) {
   m.accuracy = 1.0;
   m.lr = 0.05;
   m.seconds = 2.5;
+  m.time = 1764045000.25;  // Unix seconds: written as given (a reader's time axis)
   const std::string line = train::to_json(m);
+  EXPECT_NE(line.find(R"("time":1764045000.25})"), std::string::npos) << line;
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   // The prefix scripts and the resume logic look for (tests/slurm greps '^{"type":"step","step":').
   EXPECT_EQ(line.rfind(R"({"type":"step","step":300,"epoch":1,"step_in_epoch":65,"steps":100,)"
@@ -45,7 +47,7 @@ TEST(MetricsJson, StepLine) {
   const std::vector<std::string> want = {
       "type", "step", "epoch", "step_in_epoch", "steps", "samples", "loss", "accuracy", "lr",
       "seconds", "samples_per_s", "allreduce_s", "allreduce_blocked_s", "hidden_fraction",
-      "data_wait_s", "data_wait_fraction"};
+      "data_wait_s", "data_wait_fraction", "time"};
   EXPECT_EQ(keys(line), want);
 
   m.grad_norm = 0.75;  // clipping on: grad_norm follows lr
@@ -78,7 +80,7 @@ TEST(MetricsJson, EpochLine) {
   m.train_loss = 0.25;
   const std::vector<std::string> base = {"type", "epoch", "step", "samples", "train_loss",
                                          "train_accuracy", "seconds", "samples_per_s",
-                                         "data_wait_fraction", "hidden_fraction"};
+                                         "data_wait_fraction", "hidden_fraction", "time"};
   EXPECT_EQ(keys(train::to_json(m)), base);
   EXPECT_EQ(train::to_json(m).rfind(R"({"type":"epoch","epoch":2,"step":1407,"samples":60000,)"
                                     R"("train_loss":0.25,)", 0),
@@ -87,7 +89,8 @@ TEST(MetricsJson, EpochLine) {
   m.evaluated = true;
   m.eval = {10000, 0.3125, 0.875, 0.5};
   std::vector<std::string> with_eval = base;
-  for (const char* k : {"eval_rows", "eval_loss", "eval_accuracy", "eval_seconds"})
+  with_eval.pop_back();  // time stays last
+  for (const char* k : {"eval_rows", "eval_loss", "eval_accuracy", "eval_seconds", "time"})
     with_eval.push_back(k);
   EXPECT_EQ(keys(train::to_json(m)), with_eval);
   const io::Json j = io::Json::parse(train::to_json(m));

@@ -38,7 +38,7 @@ class MetricsResume : public CheckpointSuite {
 // what is derived from it. Every other field must not depend on interruptions.
 const std::set<std::string> kTimingFields = {
     "seconds",     "samples_per_s",   "allreduce_s",       "allreduce_blocked_s",
-    "hidden_fraction", "data_wait_s", "data_wait_fraction", "eval_seconds"};
+    "hidden_fraction", "data_wait_s", "data_wait_fraction", "eval_seconds", "time"};
 
 // The fields of one flat JSON object line (what JsonlMetrics writes: numbers and plain strings)
 // as raw text by key.

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +94,11 @@ ExactSum ExactSum::from_parts(const std::array<std::int64_t, kLimbs>& limbs, dou
   return s;
 }
 
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 void ObserverList::on_step(const StepMetrics& m) {
   for (auto* o : list_) o->on_step(m);
 }
@@ -120,6 +126,7 @@ std::string to_json(const StepMetrics& m) {
   j["hidden_fraction"] = m.hidden_fraction;
   j["data_wait_s"] = m.data_wait_s;
   j["data_wait_fraction"] = m.data_wait_fraction;
+  j["time"] = m.time;
   return io::dump_json(j);
 }
 
@@ -141,6 +148,7 @@ std::string to_json(const EpochMetrics& m) {
     j["eval_accuracy"] = m.eval.accuracy;
     j["eval_seconds"] = m.eval.seconds;
   }
+  j["time"] = m.time;
   return io::dump_json(j);
 }
 

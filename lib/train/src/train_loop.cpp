@@ -100,6 +100,7 @@ StepMetrics Trainer::Impl::interval(const Mark& since, const Sums& local) {
   m.hidden_fraction = hidden(m.allreduce_s, m.allreduce_blocked_s);
   m.data_wait_s = now.wait_s - since.wait_s;
   m.data_wait_fraction = ratio(m.data_wait_s, m.seconds);
+  m.time = unix_seconds();
   return m;
 }
 
@@ -173,6 +174,7 @@ void Trainer::Impl::end_epoch(Running& run, TrainObserver& obs) {
     ++state.epoch;
     state.step_in_epoch = 0;
   }
+  e.time = unix_seconds();
   obs.on_epoch(e);
   // Evaluation time is not training time; an epoch-end checkpoint carries no epoch time.
   progress.interval_start = progress.epoch_start = mark();

@@ -86,6 +86,7 @@ struct StepMetrics {
   double hidden_fraction = 0;      // 1 - blocked / allreduce
   double data_wait_s = 0;          // time waiting for the loader
   double data_wait_fraction = 0;   // data_wait_s / seconds
+  double time = 0;                 // when the interval ended (Unix seconds, this rank's clock)
 };
 
 struct EvalMetrics {
@@ -106,7 +107,11 @@ struct EpochMetrics {
   double hidden_fraction = 0;
   bool evaluated = false;
   EvalMetrics eval;       // when evaluated
+  double time = 0;        // when the epoch's line was made, after any evaluation (Unix seconds)
 };
+
+// Now as Unix seconds (the system clock): the `time` member of metrics lines.
+double unix_seconds();
 
 // Receives metrics on every rank of the trainer's world (identical values, except timings);
 // implementations decide who prints.
@@ -143,6 +148,9 @@ class JsonlMetrics final : public TrainObserver {
 
   void on_step(const StepMetrics& m) override;
   void on_epoch(const EpochMetrics& m) override;
+  // Another line (one JSON object starting {"type":"<type>","step":N,...}: telemetry, run and
+  // event lines), written on rank 0; a no-op elsewhere and without a file.
+  void write_record(const std::string& json_line) { write_line(json_line); }
 
  private:
   void write_line(const std::string& line);
