@@ -108,6 +108,9 @@ struct EpochMetrics {
   EvalMetrics eval;       // when evaluated
 };
 
+struct MonitorEvent;  // monitor/event.hpp
+struct RanksRecord;
+
 // Receives metrics on every rank of the trainer's world (identical values, except timings);
 // implementations decide who prints.
 class TrainObserver {
@@ -115,6 +118,10 @@ class TrainObserver {
   virtual ~TrainObserver() = default;
   virtual void on_step(const StepMetrics&) {}
   virtual void on_epoch(const EpochMetrics&) {}
+  // The monitors (monitor/): anomaly events on every rank (identical); the per-interval step
+  // times of every rank and straggler events on world rank 0 only.
+  virtual void on_event(const MonitorEvent&) {}
+  virtual void on_ranks(const RanksRecord&) {}
 };
 
 // Fans out to several observers, in order.
@@ -123,6 +130,8 @@ class ObserverList final : public TrainObserver {
   void add(TrainObserver* o) { list_.push_back(o); }
   void on_step(const StepMetrics& m) override;
   void on_epoch(const EpochMetrics& m) override;
+  void on_event(const MonitorEvent& e) override;
+  void on_ranks(const RanksRecord& r) override;
 
  private:
   std::vector<TrainObserver*> list_;
@@ -143,6 +152,8 @@ class JsonlMetrics final : public TrainObserver {
 
   void on_step(const StepMetrics& m) override;
   void on_epoch(const EpochMetrics& m) override;
+  void on_event(const MonitorEvent& e) override;  // "type":"event" lines
+  void on_ranks(const RanksRecord& r) override;   // "type":"ranks" lines
 
  private:
   void write_line(const std::string& line);
