@@ -125,10 +125,12 @@ void TrainSettings::register_options(Config& c) {
         "steps of loss and gradient-norm history behind the z-scores (none before it is full)",
         in_range(std::int64_t{2}, std::int64_t{100000}));
   c.add("train.straggler_pct", straggler_pct,
-        "a rank whose compute (or data wait) per step exceeds the median compute of the other "
-        "ranks of its stage by this many percent (and by straggler_k standard deviations of "
-        "theirs) for straggler_intervals log intervals is a straggler (0: no straggler "
-        "detection, no ranks lines)", in_range(0.0, 1e6));
+        "a rank whose median compute per step (or mean data wait) exceeds the other ranks' "
+        "median of it (ranks of the same pipeline stage) by this many percent of their median "
+        "compute, by straggler_k standard deviations of theirs and by 1 ms, for "
+        "straggler_intervals log intervals is a straggler (0: no straggler detection, no ranks "
+        "lines)",
+        in_range(0.0, 1e6));
   c.add("train.straggler_k", straggler_k,
         "straggler: also this many standard deviations of the other ranks' values above their "
         "median", in_range(0.0, 1e6));

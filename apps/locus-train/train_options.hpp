@@ -41,7 +41,7 @@ struct TrainSettings {
   std::string anomaly = "warn";
   double anomaly_z = 8.0;
   std::int64_t anomaly_window = 100;
-  double straggler_pct = 25.0, straggler_k = 3.0;
+  double straggler_pct = 50.0, straggler_k = 3.0;
   std::int64_t straggler_intervals = 3;
   std::string output = "out/fashion-mnist-model.h5";
   std::string metrics = "out/fashion-mnist-metrics.jsonl";

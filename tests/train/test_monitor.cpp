@@ -397,13 +397,15 @@ TEST_F(Monitor, ResumedRunMakesTheSameDecisions) {
 RankSummary summary(double compute, double data = 0) {
   RankSummary s;
   s.steps = 10;
-  s.mean = {compute, data, 0.001, 0};
+  s.mean = {compute * 1.1, data, 0.001, 0};
+  s.compute_p50 = compute;
   s.step_max = compute * 1.5;
   return s;
 }
 
 TEST(StragglerDetector, ReportsASlowRankOnceAfterMIntervalsAndItsRecovery) {
-  StragglerOptions o;  // 25 %, 3 sigma, 3 intervals
+  StragglerOptions o;  // 3 sigma, 3 intervals (locus-train's defaults), 25 %
+  o.pct = 25;
   StragglerDetector d(o, {{"h0", ""}, {"h1", "n1"}, {"h2", ""}, {"h3", ""}});
   std::vector<std::string> seen;
   auto interval = [&](std::int64_t step, double slow, double data = 0) {
@@ -441,7 +443,9 @@ TEST(StragglerDetector, ReportsASlowRankOnceAfterMIntervalsAndItsRecovery) {
 }
 
 TEST(StragglerDetector, ComparesOnlyRanksOfTheSameStage) {
-  StragglerDetector d(StragglerOptions{}, {{"a", ""}, {"b", ""}, {"c", ""}, {"d", ""}}, 2);
+  StragglerOptions o;
+  o.pct = 25;
+  StragglerDetector d(o, {{"a", ""}, {"b", ""}, {"c", ""}, {"d", ""}}, 2);
   // Stage 1 (ranks 1, 3) computes 3x what stage 0 does: by design, not a straggler.
   for (int i = 0; i < 5; ++i) {
     EXPECT_TRUE(d.judge(i, {summary(0.01), summary(0.03), summary(0.01), summary(0.031)}).empty());

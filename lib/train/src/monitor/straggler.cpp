@@ -74,6 +74,10 @@ double stddev(const std::vector<double>& v) {
   return std::sqrt(sq / static_cast<double>(v.size()));
 }
 
+// Below this excess per step a rank is not judged: steps of tens of microseconds (a tiny model)
+// differ by more than any percentage through scheduling noise alone.
+constexpr double kMinExcessSeconds = 1e-3;
+
 constexpr std::size_t kSummaryDoubles = 2 + kStepParts + 4;
 
 std::array<double, kSummaryDoubles> pack(const RankSummary& s) {
@@ -183,26 +187,29 @@ std::vector<MonitorEvent> StragglerDetector::judge(std::int64_t step,
   std::vector<MonitorEvent> events;
   const int n = static_cast<int>(all.size());
   for (int r = 0; r < n && r < static_cast<int>(places_.size()); ++r) {
-    std::vector<double> others_compute;
-    std::array<std::vector<double>, kStepParts> others;
+    // The parts a rank causes itself: compute, by its median step (a few steps of a rank
+    // descheduled on a shared node move the mean, not the median), and the mean data wait. The
+    // waits in reductions and for other stages are what its peers suffer from a straggler.
+    auto value = [&](int q, int p) {
+      const RankSummary& s = all[static_cast<std::size_t>(q)];
+      return p == 0 ? s.compute_p50 : s.mean[static_cast<std::size_t>(p)];
+    };
+    std::array<std::vector<double>, 2> others;
     for (int q = 0; q < n; ++q) {
       if (q == r || q % stages_ != r % stages_ || all[static_cast<std::size_t>(q)].steps == 0) continue;
-      for (int p = 0; p < kStepParts; ++p) {
-        others[static_cast<std::size_t>(p)].push_back(all[static_cast<std::size_t>(q)].mean[static_cast<std::size_t>(p)]);
-      }
+      for (int p : {0, 1}) others[static_cast<std::size_t>(p)].push_back(value(q, p));
     }
     const RankSummary& me = all[static_cast<std::size_t>(r)];
     if (others[0].empty() || me.steps == 0) continue;  // nobody to compare with
     const double basis = median(others[0]);
-    // The parts a rank causes itself; the waits in reductions and for other stages are what
-    // its peers suffer from a straggler, not a sign of one.
     int slow_part = -1;
     double part_median = 0;
     for (int p : {0, 1}) {
       const auto& o = others[static_cast<std::size_t>(p)];
       const double med = median(o);
-      const double excess = me.mean[static_cast<std::size_t>(p)] - med;
-      if (excess > opts_.pct / 100.0 * basis && excess > opts_.k * stddev(o)) {
+      const double excess = value(r, p) - med;
+      if (excess > opts_.pct / 100.0 * basis && excess > opts_.k * stddev(o) &&
+          excess > kMinExcessSeconds) {
         slow_part = p;
         part_median = med;
         break;
@@ -227,19 +234,19 @@ std::vector<MonitorEvent> StragglerDetector::judge(std::int64_t step,
       e.event = "straggler";
       e.step = step;
       e.time = unix_seconds();
-      const double mine = me.mean[static_cast<std::size_t>(slow_part)];
+      const double mine = value(r, slow_part);
       const double ratio = part_median > 0 ? mine / part_median : 0.0;
       e.values["rank"] = r;
       e.values["host"] = place.host;
       if (!place.node.empty()) e.values["node"] = place.node;
       e.values["part"] = part_name(static_cast<StepPart>(slow_part));
-      if (part_median > 0) e.values["ratio"] = ratio;
       e.values["seconds"] = mine;
       e.values["others_median_s"] = part_median;
+      if (part_median > 0) e.values["ratio"] = ratio;
       e.values["intervals"] = slow;
       e.message = fmt::format(
-          "straggler: {} is slow in {}: {:.4g} s per step against a median of {:.4g} s on the "
-          "other ranks{}, for {} log intervals (to step {})",
+          "straggler: {} is slow in {}: {:.4g} s per step against {:.4g} s on the other ranks{}, "
+          "for {} log intervals (to step {})",
           where, part_name(static_cast<StepPart>(slow_part)), mine, part_median,
           part_median > 0 ? fmt::format(" ({:.2f}x)", ratio) : std::string(), slow, step);
       current_[r] = e;
@@ -253,7 +260,7 @@ std::vector<MonitorEvent> StragglerDetector::judge(std::int64_t step,
       e.values["host"] = place.host;
       if (!place.node.empty()) e.values["node"] = place.node;
       e.values["part"] = current_[r].values["part"];
-      e.values["compute_s"] = me.mean[0];
+      e.values["compute_s"] = value(r, 0);
       e.values["others_median_s"] = basis;
       e.values["intervals"] = fine;
       e.message = fmt::format("straggler recovered: {} has kept up for {} log intervals (to "
