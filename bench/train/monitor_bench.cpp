@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
       }
     }
     // (2) The pieces, alone.
-    const std::size_t params = ParamLayout({784, 256, 128, 10}).size();
+    const std::size_t params = ParamLayout(std::vector<int>{784, 256, 128, 10}).size();
     std::vector<float> grads(params);
     for (std::size_t i = 0; i < params; ++i) grads[i] = 1e-3f * static_cast<float>(i % 97);
     double sink = 0;
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
     AnomalyDetector d(ao);
     const double judge = seconds_per_call(world, n, [&](int i) {
       MonitorEvent e;
-      sink += d.judge(i, StepValues{1.0 + 0.01 * (i % 7), 2.0, true, true, 256}, e).loss_z;
+      sink += static_cast<double>(d.judge(i, StepValues{1.0 + 0.01 * (i % 7), 2.0, true, true, 256}, e).action == StepAction::apply);
     });
     StepTimes times_local;
     const double timing = seconds_per_call(world, n, [&](int i) {
