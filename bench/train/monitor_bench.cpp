@@ -112,7 +112,9 @@ int main(int argc, char** argv) {
       fmt::print("| variant | ms per step (median) | per round | vs off |\n|---|---:|---|---:|\n");
       for (std::size_t i = 0; i < variants.size(); ++i) {
         std::string rounds;
-        for (double t : times[i]) rounds += fmt::format("{}{:.3f}", rounds.empty() ? "" : " ", t * 1e3);
+        for (double t : times[i]) {
+          rounds += fmt::format("{}{:.3f}", rounds.empty() ? "" : " ", t * 1e3);
+        }
         fmt::print("| {} | {:.3f} | {} | {:+.1f}% |\n", variants[i].name, median(times[i]) * 1e3,
                    rounds, (median(times[i]) / off - 1) * 100);
       }
@@ -132,12 +134,14 @@ int main(int argc, char** argv) {
     AnomalyDetector d(ao);
     const double judge = seconds_per_call(world, n, [&](int i) {
       MonitorEvent e;
-      sink += static_cast<double>(d.judge(i, StepValues{1.0 + 0.01 * (i % 7), 2.0, true, true, 256}, e).action == StepAction::apply);
+      const StepValues v{1.0 + 0.01 * (i % 7), 2.0, true, true, 256};
+      sink += static_cast<double>(d.judge(i, v, e).action == StepAction::apply);
     });
     StepTimes times_local;
     const double timing = seconds_per_call(world, n, [&](int i) {
       const auto t = Clock::now();
-      times_local.add({1e-3 * (i % 5), 1e-5, 1e-4, 0}, std::chrono::duration<double>(Clock::now() - t).count());
+      const double s = std::chrono::duration<double>(Clock::now() - t).count();
+      times_local.add({1e-3 * (i % 5), 1e-5, 1e-4, 0}, s);
       if (i % a.log_every == a.log_every - 1) times_local.take();
     });
     StragglerOptions so;
@@ -152,7 +156,8 @@ int main(int argc, char** argv) {
     });
     if (world.is_root()) {
       const double step = median(times[0]);
-      const double per_step = sumsq + agree + judge + timing + interval / static_cast<double>(a.log_every);
+      const double per_step =
+          sumsq + agree + judge + timing + interval / static_cast<double>(a.log_every);
       fmt::print("\nin isolation (us, slowest rank): sum of squares of {} floats {:.1f}, agreeing "
                  "all-reduce {:.1f}, verdict {:.2f}, step timing {:.2f}; per interval gather + "
                  "judgement {:.1f} ({:.2f} per step at log_every {})\n",

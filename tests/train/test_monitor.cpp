@@ -76,7 +76,8 @@ std::vector<std::pair<std::string, StepAction>> run_series(AnomalyAction action,
   std::vector<std::pair<std::string, StepAction>> out;
   for (std::size_t i = 0; i < series.size(); ++i) {
     MonitorEvent e;
-    const StepVerdict v = d.judge(static_cast<std::int64_t>(i + 1), values(series[i], 1.0 + 0.01 * (i % 2)), e);
+    const double grad = 1.0 + 0.01 * static_cast<double>(i % 2);
+    const StepVerdict v = d.judge(static_cast<std::int64_t>(i + 1), values(series[i], grad), e);
     out.emplace_back(e.event, v.action);
     if (!e.event.empty()) {
       EXPECT_EQ(e.step, static_cast<std::int64_t>(i + 1));

@@ -121,7 +121,8 @@ StepValues agree_step_values(const Grid& grid, const LossStats& local, double gr
   if (!std::isfinite(grad_squares)) rec[kBadGrads] = 1;
   // The reduced gradient is the same on every data-parallel rank: one of them reports it.
   if (grid.dp_rank() == 0 && std::isfinite(grad_squares)) {
-    rec[kStages + static_cast<std::size_t>(grid.stage())] = std::bit_cast<std::int64_t>(grad_squares);
+    const auto slot = kStages + static_cast<std::size_t>(grid.stage());
+    rec[slot] = std::bit_cast<std::int64_t>(grad_squares);
   }
   grid.world().allreduce_inplace(std::span<std::int64_t>(rec), MPI_SUM);
   StepValues v;

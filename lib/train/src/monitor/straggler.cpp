@@ -43,7 +43,7 @@ const char* part_name(StepPart p) noexcept {
 }
 
 void StepTimes::add(const std::array<double, kStepParts>& parts, double step_s) {
-  for (int i = 0; i < kStepParts; ++i) sums_[static_cast<std::size_t>(i)] += parts[static_cast<std::size_t>(i)];
+  for (std::size_t i = 0; i < parts.size(); ++i) sums_[i] += parts[i];
   compute_.push_back(parts[0]);
   max_ = std::max(max_, step_s);
 }
@@ -83,7 +83,7 @@ constexpr std::size_t kSummaryDoubles = 2 + kStepParts + 4;
 std::array<double, kSummaryDoubles> pack(const RankSummary& s) {
   std::array<double, kSummaryDoubles> a{};
   a[0] = s.steps;
-  for (int i = 0; i < kStepParts; ++i) a[1 + static_cast<std::size_t>(i)] = s.mean[static_cast<std::size_t>(i)];
+  for (std::size_t i = 0; i < s.mean.size(); ++i) a[1 + i] = s.mean[i];
   a[1 + kStepParts] = s.compute_sd;
   a[2 + kStepParts] = s.compute_p50;
   a[3 + kStepParts] = s.compute_p90;
@@ -109,7 +109,7 @@ RankSummary StepTimes::take() {
   const auto n = static_cast<double>(compute_.size());
   s.steps = n;
   if (n > 0) {
-    for (int i = 0; i < kStepParts; ++i) s.mean[static_cast<std::size_t>(i)] = sums_[static_cast<std::size_t>(i)] / n;
+    for (std::size_t i = 0; i < s.mean.size(); ++i) s.mean[i] = sums_[i] / n;
     s.compute_sd = stddev(compute_);
     std::sort(compute_.begin(), compute_.end());
     s.compute_p50 = quantile(compute_, 0.5);
@@ -153,7 +153,9 @@ std::vector<RankSummary> gather_summaries(const mpi::Comm& comm, const RankSumma
                              comm.get()));
   std::vector<RankSummary> out;
   if (!comm.is_root()) return out;
-  for (int r = 0; r < comm.size(); ++r) out.push_back(unpack(all.data() + kSummaryDoubles * static_cast<std::size_t>(r)));
+  for (std::size_t at = 0; at < all.size(); at += kSummaryDoubles) {
+    out.push_back(unpack(all.data() + at));
+  }
   return out;
 }
 
@@ -196,7 +198,8 @@ std::vector<MonitorEvent> StragglerDetector::judge(std::int64_t step,
     };
     std::array<std::vector<double>, 2> others;
     for (int q = 0; q < n; ++q) {
-      if (q == r || q % stages_ != r % stages_ || all[static_cast<std::size_t>(q)].steps == 0) continue;
+      const bool peer = q != r && q % stages_ == r % stages_;
+      if (!peer || all[static_cast<std::size_t>(q)].steps == 0) continue;
       for (int p : {0, 1}) others[static_cast<std::size_t>(p)].push_back(value(q, p));
     }
     const RankSummary& me = all[static_cast<std::size_t>(r)];

@@ -4,8 +4,9 @@
 // interval brings the summaries to world rank 0, which writes a "ranks" line and judges: a
 // rank whose median compute per step (or mean data wait) exceeds the other ranks' median of
 // it by more than straggler_pct % of their median compute and more than straggler_k σ of
-// theirs (and by 1 ms at least), for straggler_intervals intervals in a row, is a straggler -- reported once, and
-// again when it has recovered for as many intervals. No traffic is added to the steps.
+// theirs (and by 1 ms at least), for straggler_intervals intervals in a row, is a
+// straggler -- reported once, and again when it has recovered for as many intervals. No
+// traffic is added to the steps.
 #pragma once
 
 #include <array>
