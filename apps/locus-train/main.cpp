@@ -80,6 +80,38 @@ void say(const std::string& line) {
   std::fflush(stdout);
 }
 
+// Collective over the world, after the anomaly detector stopped training (a non-finite step,
+// or train.anomaly = stop): the last good state -- the one before the step that stopped it --
+// is checkpointed when its parameters are all finite (otherwise the newest checkpoint stays
+// the last good one), no model file is written, and every rank exits 3.
+int stop_on_anomaly(const train::Grid& grid, train::Trainer& trainer,
+                    train::Checkpointer& checkpointer, const train::CheckpointOptions& ckpt,
+                    const std::string& why) {
+  const std::int64_t step = trainer.state().step;
+  const bool finite = train::params_finite(grid, trainer.synced_state().model.params());
+  std::string kept = "checkpoint.dir is empty: no checkpoint was kept";
+  if (!ckpt.dir.empty()) {
+    if (finite) checkpointer.save_now("anomaly");
+    const train::LatestPointer latest = train::read_latest(ckpt.dir);
+    const std::string newest =
+        latest.present && !latest.file.empty() ? ckpt.dir + "/" + latest.file : "none";
+    kept = finite ? fmt::format("the last good state (step {}) is checkpointed: {}", step, newest)
+                  : fmt::format("the parameters after step {} are not finite and were not "
+                                "saved; the newest checkpoint is {}", step, newest);
+  }
+  if (grid.world().is_root()) {
+    std::fputs(fmt::format("error: {}\n  training stopped after step {}; {}; no model file "
+                           "was written (exit {})\n  HINT: a run that diverged needs a lower "
+                           "optim.lr or optim.clip_max_norm; train.anomaly = skip drops the "
+                           "updates of such steps instead; then rerun with --resume=auto\n",
+                           why, step, kept, exit_code::data)
+                   .c_str(),
+               stderr);
+    std::fflush(stderr);
+  }
+  return exit_code::data;
+}
+
 int train_main(mpi::Comm& world, int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   app::Config config("locus-train",
@@ -152,6 +184,9 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   }
   const train::TrainSummary summary = trainer->train(&observers, -1, &*checkpointer);
   checkpointer->wait();
+  if (!summary.anomaly_stop.empty()) {
+    return stop_on_anomaly(grid, *trainer, *checkpointer, ckpt, summary.anomaly_stop);
+  }
   const int signal = checkpointer->stopped_by_signal();
   // This rank's layers (a pipeline stage holds only its own): the stages write the model file
   // together, each its layers.

@@ -7,7 +7,16 @@
 #include <cstdio>
 #include <utility>
 
+#include "locus/train/monitor/event.hpp"
+
 namespace locus::app {
+
+void Progress::on_event(const train::MonitorEvent& e) {
+  // A stop is printed once, as the error that ends the run (main.cpp).
+  if (!enabled_ || (e.values.contains("action") && e.values["action"] == "stop")) return;
+  std::fputs((e.message + "\n").c_str(), stderr);
+  std::fflush(stderr);
+}
 
 void Progress::header(const train::Trainer& t) const {
   if (!enabled_) return;

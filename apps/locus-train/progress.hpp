@@ -16,6 +16,8 @@ class Progress final : public train::TrainObserver {
 
   void header(const train::Trainer& trainer) const;
   void on_epoch(const train::EpochMetrics& m) override;
+  // Anomaly and straggler events: one line each on stderr (the only monitor output printed).
+  void on_event(const train::MonitorEvent& e) override;
   void summary(const train::TrainOptions& options, const train::TrainSummary& s,
                const std::string& model_path, double wall_s) const;
 

@@ -113,6 +113,30 @@ void TrainSettings::register_options(Config& c) {
         in_range(0.0, 1e9));
   c.add("train.log_every", log_every, "steps per metrics line (0: epoch ends only)",
         at_least(0));
+  c.add_choice("train.anomaly", anomaly, {"warn", "skip", "stop"},
+               "a step whose loss or gradient-norm z-score exceeds anomaly_z: warn (report it, "
+               "apply the update), skip (report it, drop the update, agreed on every rank) or "
+               "stop (checkpoint the last good state, exit 3). A non-finite loss or gradient "
+               "always stops (exit 3), except under skip");
+  c.add("train.anomaly_z", anomaly_z,
+        "z-score over the last anomaly_window steps above which a step's loss or gradient "
+        "norm is an anomaly", in_range(0.1, 1e6));
+  c.add("train.anomaly_window", anomaly_window,
+        "steps of loss and gradient-norm history behind the z-scores (none before it is full)",
+        in_range(std::int64_t{2}, std::int64_t{100000}));
+  c.add("train.straggler_pct", straggler_pct,
+        "a rank whose median compute per step (or mean data wait) exceeds the other ranks' "
+        "median of it (ranks of the same pipeline stage) by this many percent of their median "
+        "compute, by straggler_k standard deviations of theirs and by 1 ms, for "
+        "straggler_intervals log intervals is a straggler (0: no straggler detection, no ranks "
+        "lines)",
+        in_range(0.0, 1e6));
+  c.add("train.straggler_k", straggler_k,
+        "straggler: also this many standard deviations of the other ranks' values above their "
+        "median", in_range(0.0, 1e6));
+  c.add("train.straggler_intervals", straggler_intervals,
+        "straggler: consecutive log intervals before a rank is reported slow, or recovered",
+        in_range(std::int64_t{1}, std::int64_t{1000000}));
   c.add("train.output", output, "model file to write (empty: none)");
   c.add("train.metrics", metrics, "metrics as JSON lines (empty: none)");
   c.add("train.telemetry", telemetry,
@@ -270,6 +294,13 @@ train::TrainOptions TrainSettings::to_options() const {
   o.reducer.bucket_bytes = static_cast<std::size_t>(bucket_kb) << 10;
   o.reducer.backend = comm::parse_reducer_backend(reducer);
   o.reducer.timeout_s = reducer_timeout_s;
+  o.anomaly.action = train::parse_anomaly_action(anomaly);
+  o.anomaly.z = anomaly_z;
+  o.anomaly.window = static_cast<int>(anomaly_window);
+  o.straggler.pct = straggler_pct;
+  o.straggler.k = straggler_k;
+  o.straggler.intervals = static_cast<int>(straggler_intervals);
+  if (!ckpt_dir.empty()) o.stragglers_file = ckpt_dir + "/stragglers";
   train::validate(o);
   return o;
 }

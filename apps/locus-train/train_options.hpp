@@ -37,6 +37,12 @@ struct TrainSettings {
   std::int64_t bucket_kb = 4096, log_every = 100;
   std::string reducer = "auto";
   double reducer_timeout_s = 600;
+  // [train] monitors
+  std::string anomaly = "warn";
+  double anomaly_z = 8.0;
+  std::int64_t anomaly_window = 100;
+  double straggler_pct = 50.0, straggler_k = 3.0;
+  std::int64_t straggler_intervals = 3;
   std::string output = "out/fashion-mnist-model.h5";
   std::string metrics = "out/fashion-mnist-metrics.jsonl";
   bool telemetry = true;

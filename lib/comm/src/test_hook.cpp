@@ -1,31 +1,71 @@
-// Test hooks: kill, exit or sleep at named points (see test_hook.hpp).
+// Test hooks: kill, exit, sleep or slow down at named points (see test_hook.hpp).
 #include "locus/comm/test_hook.hpp"
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "locus/comm/mpi.hpp"
 
 namespace locus {
 
-void test_hook(const char* point) {
+namespace {
+
+const char* hook_spec() {
   static const char* spec = std::getenv("LOCUS_TEST_HOOK");
-  if (spec == nullptr) return;
+  return spec;
+}
+
+// The action of `point` on this rank, "" when the hook names another point or rank.
+std::string action_for(const std::string& point) {
+  const char* spec = hook_spec();
+  if (spec == nullptr) return "";
   const std::string s(spec);
   const auto colon = s.find(':');
-  if (colon == std::string::npos || s.compare(0, colon, point) != 0) return;
+  if (colon == std::string::npos || s.compare(0, colon, point) != 0 || colon != point.size()) {
+    return "";
+  }
   std::string action = s.substr(colon + 1);
   if (const auto at = action.find('@'); at != std::string::npos) {
-    if (std::atoi(action.c_str() + at + 1) != mpi::world_rank()) return;
+    if (std::atoi(action.c_str() + at + 1) != mpi::world_rank()) return "";
     action.resize(at);
   }
-  std::fprintf(stderr, "[rank %d] test hook '%s': %s\n", mpi::world_rank(), point,
+  return action;
+}
+
+void announce(const std::string& point, const std::string& action) {
+  std::fprintf(stderr, "[rank %d] test hook '%s': %s\n", mpi::world_rank(), point.c_str(),
                action.c_str());
   std::fflush(stderr);
+}
+
+}  // namespace
+
+bool test_hooks_enabled() noexcept { return hook_spec() != nullptr; }
+
+std::string test_hook_action(const std::string& point) {
+  std::string action = action_for(point);
+  if (!action.empty()) announce(point, action);
+  return action;
+}
+
+void test_hook(const char* point) {
+  if (hook_spec() == nullptr) return;
+  const std::string action = action_for(point);
+  if (action.empty()) return;
+  if (action.rfind("slow", 0) == 0) {  // every time, announced once
+    static bool announced = false;
+    if (!announced) announce(point, action + " (every time)");
+    announced = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(action.c_str() + 4)));
+    return;
+  }
+  announce(point, action);
   if (action == "kill") ::raise(SIGKILL);
   if (action == "exit") std::_Exit(9);
   if (action.rfind("sleep", 0) == 0) ::sleep(static_cast<unsigned>(std::atoi(action.c_str() + 5)));

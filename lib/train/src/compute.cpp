@@ -8,6 +8,7 @@
 #include "trainer_impl.hpp"
 #include "locus/comm/error.hpp"
 #include "locus/config.hpp"
+#include "locus/train/optim/clip.hpp"
 #if LOCUS_WITH_CUDA
 #include "cuda/cuda_compute.hpp"
 #endif
@@ -74,6 +75,8 @@ std::unique_ptr<Compute> make_compute(const ComputeOptions& options, const mpi::
 #endif
   return detail::make_cpu_compute(state, loss);
 }
+
+double Compute::grad_squares() { return sum_of_squares(grads().host()); }
 
 void Compute::cache_dataset(std::span<const float>, std::int64_t, std::int64_t) {
   throw ConfigError(fmt::format("loader.device_cache_mb needs a GPU backend: the {} backend "

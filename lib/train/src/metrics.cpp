@@ -15,6 +15,7 @@
 #include "locus/comm/agree.hpp"
 #include "locus/comm/error.hpp"
 #include "locus/io/json.hpp"
+#include "locus/train/monitor/event.hpp"
 
 namespace locus::train {
 
@@ -105,6 +106,14 @@ void ObserverList::on_step(const StepMetrics& m) {
 
 void ObserverList::on_epoch(const EpochMetrics& m) {
   for (auto* o : list_) o->on_epoch(m);
+}
+
+void ObserverList::on_event(const MonitorEvent& e) {
+  for (auto* o : list_) o->on_event(e);
+}
+
+void ObserverList::on_ranks(const RanksRecord& r) {
+  for (auto* o : list_) o->on_ranks(r);
 }
 
 std::string to_json(const StepMetrics& m) {
@@ -215,5 +224,7 @@ void JsonlMetrics::write_line(const std::string& line) {
 
 void JsonlMetrics::on_step(const StepMetrics& m) { write_line(to_json(m)); }
 void JsonlMetrics::on_epoch(const EpochMetrics& m) { write_line(to_json(m)); }
+void JsonlMetrics::on_event(const MonitorEvent& e) { write_line(to_json(e)); }
+void JsonlMetrics::on_ranks(const RanksRecord& r) { write_line(to_json(r)); }
 
 }  // namespace locus::train

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "locus/comm/agree.hpp"
+#include "locus/comm/test_hook.hpp"
 #include "locus/train/optim/clip.hpp"
 #include "locus/train/optim/schedule.hpp"
 #include "trainer_impl.hpp"
@@ -55,18 +56,22 @@ Mark Trainer::Impl::mark() const {
               loader ? loader->wait_seconds() : 0.0};
 }
 
-void Trainer::Impl::step(const LoadedBatch& b) {
+bool Trainer::Impl::step(const LoadedBatch& b) {
   LOCUS_ASSERT(b.epoch == state.epoch && b.step == state.step_in_epoch,
                fmt::format("the loader handed out batch (epoch {}, step {}) where the trainer "
                            "expected (epoch {}, step {})",
                            b.epoch, b.step, state.epoch, state.step_in_epoch));
+  test_hook("train-step");  // e.g. train-step:slow50@1, a straggler for the tests
   compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
                             static_cast<double>(b.global_rows), on_grads_ready);
   if (reducer) reducer->finish();  // the pipeline engine completes its own
+  const StepAction verdict = judge_step();  // monitor/monitor_hooks.cpp
+  if (verdict == StepAction::stop) return false;
   last_lr = learning_rate(opts.schedule, state.step);
-  compute->optimizer_step(last_lr, opts.clip_max_norm);
+  if (verdict == StepAction::apply) compute->optimizer_step(last_lr, opts.clip_max_norm);
   ++state.step;
   ++state.step_in_epoch;
+  return true;
 }
 
 void Trainer::Impl::collect() {
@@ -125,6 +130,7 @@ EpochMetrics Trainer::Impl::epoch_metrics(const Mark& since, const Sums& local) 
 void Trainer::Impl::close_interval(TrainObserver& obs) {
   if (state.step == progress.interval_start.step) return;
   obs.on_step(interval(progress.interval_start, progress.interval));
+  report_ranks();  // the straggler detector's gather (monitor/monitor_hooks.cpp)
   progress.interval = {};
   progress.interval_start = mark();
 }
@@ -132,10 +138,17 @@ void Trainer::Impl::close_interval(TrainObserver& obs) {
 void Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs) {
   if (loader) loader->start_epoch(state.epoch, state.step_in_epoch);
   while (state.step_in_epoch < steps_per_epoch && state.step < limit) {
+    const Mark before = opts.straggler.enabled() ? mark() : Mark{};
+    const double agree_before = monitors.agree_s;
     const LoadedBatch* b = next_batch();
     LOCUS_ASSERT(b != nullptr, fmt::format("the loader ended epoch {} after {} of {} steps",
                                            state.epoch, state.step_in_epoch, steps_per_epoch));
-    step(*b);
+    if (!step(*b)) {  // the anomaly detector stopped training (run.summary says why)
+      run.stopped = true;
+      run.summary.anomaly_stop = monitors.stop;
+      break;
+    }
+    time_step(before, agree_before);
     // A device backend keeps the steps' loss sums until asked: once per interval, not per step.
     if (opts.log_every > 0 && state.step % opts.log_every == 0) {
       collect();
@@ -210,6 +223,7 @@ TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
       stop_at_step >= 0 ? std::min(stop_at_step, m.planned_steps) : m.planned_steps;
 
   m.load_state();
+  m.start_monitors(obs);
   const Mark start = m.mark();
   Impl::Running run;
   run.hook = hook;

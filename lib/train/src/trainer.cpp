@@ -111,6 +111,8 @@ void validate(const TrainOptions& o) {
                       o.device_cache_bytes >> 20, o.compute.backend));
   validate(o.model);
   validate(o.optimizer);
+  validate(o.anomaly);
+  validate(o.straggler);
   require(o.pipeline_stages >= 1,
           fmt::format("train.pipeline_stages = {} is invalid: use 1 (pure data parallelism) or "
                       "more",
@@ -153,6 +155,7 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
       feeds(!pipelined || g.stage() == 0),
       has_eval(!opts.eval_path.empty()),
       state(opts.model, opts.optimizer, held_layers(g, opts)) {
+  if (opts.anomaly.enabled) monitors.anomaly.emplace(opts.anomaly);
   // Without pipeline stages the backend comes first: the loaders put their batches where it
   // copies them fastest (page-locked memory for a GPU), and with the device cache the
   // training loader hands over row indices instead of features.

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "locus/comm/reducer.hpp"
@@ -59,8 +61,9 @@ struct Trainer::Impl {
   detail::Sums reduce(detail::Sums local) const;
   detail::Mark mark() const;
   // One training step on this rank's rows of a global batch (its loss sums stay with the
-  // backend until collect()).
-  void step(const LoadedBatch& b);
+  // backend until collect(), or go to the metrics at once when the anomaly detector judged
+  // the step). False when the detector stopped training: nothing was applied or counted.
+  bool step(const LoadedBatch& b);
   // Loads the TrainState into the backend when it may have changed since the backend last
   // had it (state() was handed out mutable): the host copy is authoritative between calls.
   void load_state();
@@ -141,6 +144,28 @@ struct Trainer::Impl {
     bool running = false;
   } progress;
   bool host_dirty = true;  // state() was handed out mutable since the backend loaded it
+
+  // The monitors (monitor/monitor_hooks.cpp): the anomaly detector, judging every step between
+  // the gradient reduction and the update, and the step times behind the straggler detector.
+  struct Monitors {
+    std::optional<AnomalyDetector> anomaly;       // opts.anomaly.enabled
+    StepTimes times;                              // this rank's, of the open interval
+    std::optional<StragglerDetector> stragglers;  // world rank 0, once started
+    bool started = false;
+    TrainObserver* observer = nullptr;            // of the running train() call
+    double agree_s = 0;  // time in the anomaly all-reduce (a wait in a reduction)
+    std::string stop;    // why the last judged step stopped training ("" when it did not)
+  } monitors;
+  // Collective over the world (once): the ranks' places for the straggler reports.
+  void start_monitors(TrainObserver& obs);
+  // Collective over the world, after the gradient reduction and before the update: the
+  // anomaly verdict on this step (its loss sums go to the metrics unless it is dropped).
+  StepAction judge_step();
+  // Local: the parts of the step that began at `before` (mark() before its batch was taken).
+  void time_step(const detail::Mark& before, double agree_before);
+  // Collective over the world at the end of a log interval: the step-time summaries gathered
+  // on world rank 0, its "ranks" line and straggler verdicts.
+  void report_ranks();
 };
 
 }  // namespace locus::train

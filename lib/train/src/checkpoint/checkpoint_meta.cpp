@@ -131,6 +131,15 @@ std::string meta_text(const CheckpointMeta& m) {
     }
     line("metrics_interval_steps", p.interval_steps);
   }
+  if (m.has_anomaly) {
+    const AnomalyState& a = m.anomaly;
+    line("anomaly_counts", fmt::format("{},{},{},{}", a.anomalies, a.skipped,
+                                       a.consecutive_skips, a.loss.size()));
+    if (!a.loss.empty()) {
+      line("anomaly_window", fmt::format("{},{}", fmt::join(a.loss, ","),
+                                         fmt::join(a.grad_norm, ",")));
+    }
+  }
   line("widths", format_widths(m.model.widths));
   line("activation", to_string(m.model.activation));
   line("init", to_string(m.model.init));
@@ -192,6 +201,38 @@ MetricsProgress read_metrics(hid_t root, const std::string& path) {
   return p;
 }
 
+// The anomaly_* root attributes (docs/FORMATS.md): counts, and the window's values (loss, then
+// gradient norm, oldest first) when it holds any.
+void write_anomaly(hid_t root, const AnomalyState& a) {
+  h5::write_attr(root, "anomaly_counts",
+                 std::vector<std::int64_t>{a.anomalies, a.skipped, a.consecutive_skips,
+                                           static_cast<std::int64_t>(a.loss.size())});
+  if (a.loss.empty()) return;
+  std::vector<double> w = a.loss;
+  w.insert(w.end(), a.grad_norm.begin(), a.grad_norm.end());
+  h5::write_attr(root, "anomaly_window", w);
+}
+
+AnomalyState read_anomaly(hid_t root, const std::string& path) {
+  const auto c = h5::read_attr<std::vector<std::int64_t>>(root, "anomaly_counts");
+  const auto n = c.size() == 4 ? c[3] : -1;
+  std::vector<double> w;
+  if (n > 0) w = h5::read_attr<std::vector<double>>(root, "anomaly_window");
+  if (n < 0 || c[0] < 0 || c[1] < 0 || c[2] < 0 || w.size() != static_cast<std::size_t>(2 * n)) {
+    throw DataError(fmt::format("checkpoint '{}': anomaly_counts has {} values (expected 4: "
+                                "anomalies, skipped, consecutive skips, window length) and "
+                                "anomaly_window {} (expected twice the window length): the file "
+                                "is damaged; use an older checkpoint", path, c.size(), w.size()));
+  }
+  AnomalyState a;
+  a.anomalies = c[0];
+  a.skipped = c[1];
+  a.consecutive_skips = c[2];
+  a.loss.assign(w.begin(), w.begin() + n);
+  a.grad_norm.assign(w.begin() + n, w.end());
+  return a;
+}
+
 }  // namespace
 
 // Collective over the file's communicator: the root attributes of `m` (not the /model ones).
@@ -230,6 +271,7 @@ void write_meta(hid_t root, const CheckpointMeta& m) {
   if (!m.compute.empty()) h5::write_attr(root, "compute", m.compute);
   h5::write_attr(root, "created", m.created);
   if (m.has_metrics) write_metrics(root, m.metrics);
+  if (m.has_anomaly) write_anomaly(root, m.anomaly);
   h5::write_attr(root, "digest", "crc32");
   // Written last: a reader that finds it knows every other attribute was written.
   const std::string text = meta_text(m);
@@ -295,6 +337,8 @@ CheckpointMeta read_meta(h5::File& file) {
   m.created = dbl("created");
   m.has_metrics = h5::has_attr(root, "metrics_interval_steps");
   if (m.has_metrics) m.metrics = read_metrics(root, path);
+  m.has_anomaly = h5::has_attr(root, "anomaly_counts");
+  if (m.has_anomaly) m.anomaly = read_anomaly(root, path);
   if (!h5::exists(root, "/model")) {
     throw DataError(fmt::format("checkpoint '{}' has no /model group: it is incomplete or "
                                 "corrupt; use an older checkpoint", path));

@@ -189,6 +189,13 @@ ResumeResult Checkpointer::resume(const std::string& how) {
     res.meta = meta;
     res.notes = resume_notes(meta, m.trainer, m.config, m.dataset);
     m.trainer.restore_metrics(meta.has_metrics ? meta.metrics : MetricsProgress{});
+    m.trainer.restore_anomaly(meta.has_anomaly ? meta.anomaly : AnomalyState{});
+    if (!meta.has_anomaly && meta.step > 0) {
+      res.notes.push_back(fmt::format(
+          "{} has no anomaly detector state (written by an older locus): the detector starts "
+          "with an empty window of train.anomaly_window steps",
+          std::filesystem::path(path).filename().string()));
+    }
     if (!meta.has_metrics && meta.step_in_epoch > 0 && meta.step_in_epoch < meta.steps_per_epoch) {
       res.notes.push_back(fmt::format(
           "{} has no metrics sums (written by an older locus): the metrics line of epoch {} "
@@ -215,6 +222,7 @@ ResumeResult Checkpointer::resume(const std::string& how) {
   };
   auto new_run = [&] {
     m.trainer.restore_metrics({});
+    m.trainer.restore_anomaly({});
     m.run_id = new_run_id(m.comm);
     if (!m.enabled()) return;
     mpi::agree_on(m.comm, [&] {

@@ -99,6 +99,8 @@ CheckpointMeta Checkpointer::Impl::meta_now() {
   m.created = now;
   m.has_metrics = true;
   m.metrics = trainer.metrics_progress();
+  m.has_anomaly = true;
+  m.anomaly = trainer.anomaly_state();
   m.model = st.model.spec();
   m.loss = o.loss;
   m.num_classes = trainer.num_classes();

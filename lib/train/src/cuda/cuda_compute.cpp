@@ -75,6 +75,7 @@ class CudaCompute final : public Compute {
                         const GradsReadyFn& on_grads_ready) override;
   void optimizer_step(double lr, double clip_max_norm) override;
   double last_grad_norm() override;
+  double grad_squares() override;
   void drain_stats(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
   void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
@@ -516,6 +517,18 @@ double CudaCompute::last_grad_norm() {
                                    compute_.get()));
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
   return norm;
+}
+
+// The clipping kernel without clipping (max_norm 0 writes a scale of 1, which a clipped update
+// recomputes): the norm of the reduced gradient (finish() ordered compute_ after it), squared.
+double CudaCompute::grad_squares() {
+  grad_norm_and_scale(grads_.data(), n_, 0.0, norm_scratch_.data(), norm_.data(),
+                      grad_scale_.data(), compute_.get());
+  double norm = 0;
+  LOCUS_CUDA_CHECK(cudaMemcpyAsync(&norm, norm_.data(), sizeof(norm), cudaMemcpyDeviceToHost,
+                                   compute_.get()));
+  LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+  return norm * norm;
 }
 
 void CudaCompute::drain_stats(std::vector<LossStats>& out) {

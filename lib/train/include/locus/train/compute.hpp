@@ -94,6 +94,11 @@ class Compute {
   // device on a device backend).
   virtual double last_grad_norm() = 0;
 
+  // The sum of squares of grads() after the gradient reduction (in double, fixed order): the
+  // anomaly detector's gradient norm, taken before optimizer_step(). Host buffers are read
+  // directly; a device backend computes it on the device and waits for it.
+  virtual double grad_squares();
+
   // The LossStats of every forward_backward() since the last call, in step order, appended to
   // out (waits for the device on a device backend).
   virtual void drain_stats(std::vector<LossStats>& out) = 0;

@@ -112,6 +112,8 @@ struct EpochMetrics {
 
 // Now as Unix seconds (the system clock): the `time` member of metrics lines.
 double unix_seconds();
+struct MonitorEvent;  // monitor/event.hpp
+struct RanksRecord;
 
 // Receives metrics on every rank of the trainer's world (identical values, except timings);
 // implementations decide who prints.
@@ -120,6 +122,10 @@ class TrainObserver {
   virtual ~TrainObserver() = default;
   virtual void on_step(const StepMetrics&) {}
   virtual void on_epoch(const EpochMetrics&) {}
+  // The monitors (monitor/): anomaly events on every rank (identical); the per-interval step
+  // times of every rank and straggler events on world rank 0 only.
+  virtual void on_event(const MonitorEvent&) {}
+  virtual void on_ranks(const RanksRecord&) {}
 };
 
 // Fans out to several observers, in order.
@@ -128,6 +134,8 @@ class ObserverList final : public TrainObserver {
   void add(TrainObserver* o) { list_.push_back(o); }
   void on_step(const StepMetrics& m) override;
   void on_epoch(const EpochMetrics& m) override;
+  void on_event(const MonitorEvent& e) override;
+  void on_ranks(const RanksRecord& r) override;
 
  private:
   std::vector<TrainObserver*> list_;
@@ -151,6 +159,8 @@ class JsonlMetrics final : public TrainObserver {
   // Another line (one JSON object starting {"type":"<type>","step":N,...}: telemetry, run and
   // event lines), written on rank 0; a no-op elsewhere and without a file.
   void write_record(const std::string& json_line) { write_line(json_line); }
+  void on_event(const MonitorEvent& e) override;  // "type":"event" lines
+  void on_ranks(const RanksRecord& r) override;   // "type":"ranks" lines
 
  private:
   void write_line(const std::string& line);

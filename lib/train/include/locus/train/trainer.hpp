@@ -17,6 +17,8 @@
 #include "locus/train/model/loss.hpp"
 #include "locus/train/metrics.hpp"
 #include "locus/train/model/model.hpp"
+#include "locus/train/monitor/anomaly.hpp"
+#include "locus/train/monitor/straggler.hpp"
 #include "locus/train/optim/optimizer.hpp"
 #include "locus/train/pipeline/pipeline.hpp"
 #include "locus/train/optim/schedule.hpp"
@@ -55,6 +57,12 @@ struct TrainOptions {
   // train.reducer (auto: NCCL for device gradients where possible); mode is set by the trainer
   // (sums of pre-divided grads).
   comm::ReducerOptions reducer{comm::ReducerBackend::automatic};
+  // The monitors (monitor/): the anomaly detector of every step (train.anomaly*) and the
+  // per-interval straggler detector (train.straggler_*); stragglers_file: where world rank 0
+  // keeps the current stragglers ("" : nowhere; locus-train uses <checkpoint.dir>/stragglers).
+  AnomalyOptions anomaly;
+  StragglerOptions straggler;
+  std::string stragglers_file;
 };
 
 // Local checks of the options alone (ConfigError naming the config key); the trainer runs
@@ -74,6 +82,9 @@ struct TrainSummary {
   bool evaluated = false;
   EvalMetrics eval;                // the last evaluation, when evaluated
   bool finished = false;           // the planned steps are all done
+  // Why training stopped on an anomaly (a non-finite step, or train.anomaly = stop), "" when
+  // it did not: state() is then the last good state, before the step that stopped it.
+  std::string anomaly_stop;
 };
 
 class Trainer;
@@ -126,6 +137,11 @@ class Trainer {
   // Local: the next train() continues the epoch and log interval of `progress` (restored with
   // the state from a checkpoint; {} for a fresh start or a checkpoint that does not have it).
   void restore_metrics(const MetricsProgress& progress);
+
+  // Local: the anomaly detector's state (the same on every rank), for a checkpoint; and its
+  // restoration from one ({} for a fresh start or a checkpoint without it).
+  AnomalyState anomaly_state() const;
+  void restore_anomaly(const AnomalyState& state);
 
   // Collective over grid.dp(): every rank scores its part of the evaluation set with the
   // current parameters; loss and accuracy are summed over the ranks. Needs eval_path.

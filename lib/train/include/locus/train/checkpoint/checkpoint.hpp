@@ -88,6 +88,11 @@ struct CheckpointMeta {
   // they existed (their attributes are then absent, and absent from meta_text).
   bool has_metrics = false;
   MetricsProgress metrics;
+  // The anomaly detector's state (Trainer::anomaly_state), so that a resumed run makes the
+  // decisions of an uninterrupted one; has_anomaly = false in files written before it existed
+  // (the detector then starts empty) and absent from meta_text.
+  bool has_anomaly = false;
+  AnomalyState anomaly;
   ModelSpec model;                   // from /model (filled by the readers)
   std::vector<std::string> optimizer_state;  // from /optimizer: state buffer names
   Loss loss = Loss::softmax_cross_entropy;
