@@ -111,6 +111,7 @@ void TrainSettings::register_options(Config& c) {
         "nccl: seconds a rank waits for a gradient all-reduce before it aborts the job "
         "naming the collective (0: forever; time stopped by SIGSTOP does not count)",
         in_range(0.0, 1e9));
+  add_watchdog_option(c, "train.watchdog_s", watchdog_s);
   c.add("train.log_every", log_every, "steps per metrics line (0: epoch ends only)",
         at_least(0));
   c.add("train.output", output, "model file to write (empty: none)");

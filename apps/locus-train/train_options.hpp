@@ -36,7 +36,7 @@ struct TrainSettings {
   std::string pipeline_schedule = "1f1b", stage_boundaries;
   std::int64_t bucket_kb = 4096, log_every = 100;
   std::string reducer = "auto";
-  double reducer_timeout_s = 600;
+  double reducer_timeout_s = 600, watchdog_s = kWatchdogDefaultS;
   std::string output = "out/fashion-mnist-model.h5";
   std::string metrics = "out/fashion-mnist-metrics.jsonl";
   // [loader]

@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "locus/comm/agree.hpp"
+#include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/train/optim/clip.hpp"
 #include "locus/train/optim/schedule.hpp"
 #include "trainer_impl.hpp"
@@ -60,8 +62,11 @@ void Trainer::Impl::step(const LoadedBatch& b) {
                fmt::format("the loader handed out batch (epoch {}, step {}) where the trainer "
                            "expected (epoch {}, step {})",
                            b.epoch, b.step, state.epoch, state.step_in_epoch));
+  comm::progress("forward and backward of step {}", state.step + 1);
   compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
                             static_cast<double>(b.global_rows), on_grads_ready);
+  comm::progress("gradient all-reduce of step {}", state.step + 1);
+  test_hook("train-before-allreduce");  // a rank dies or stalls as its peers wait in it
   if (reducer) reducer->finish();  // the pipeline engine completes its own
   last_lr = learning_rate(opts.schedule, state.step);
   compute->optimizer_step(last_lr, opts.clip_max_norm);
@@ -131,6 +136,7 @@ void Trainer::Impl::close_interval(TrainObserver& obs) {
 void Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs) {
   if (loader) loader->start_epoch(state.epoch, state.step_in_epoch);
   while (state.step_in_epoch < steps_per_epoch && state.step < limit) {
+    comm::progress("loading the batch of step {}", state.step + 1);
     const LoadedBatch* b = next_batch();
     LOCUS_ASSERT(b != nullptr, fmt::format("the loader ended epoch {} after {} of {} steps",
                                            state.epoch, state.step_in_epoch, steps_per_epoch));
@@ -163,6 +169,7 @@ void Trainer::Impl::end_epoch(Running& run, TrainObserver& obs) {
   run.summary.last_train_loss = e.train_loss;
   if (has_eval &&
       (run_done || (opts.eval_every > 0 && (state.epoch + 1) % opts.eval_every == 0))) {
+    comm::progress("evaluation after epoch {}", state.epoch + 1);
     e.eval = evaluate();
     e.evaluated = true;
     run.summary.eval_seconds += e.eval.seconds;

@@ -20,6 +20,7 @@
 #include "model/layer_owners.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/config.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/dataset.hpp"
@@ -286,6 +287,7 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
     std::vector<std::pair<std::uint32_t, std::uint64_t>> local(slots.size());
     auto write_slot = [&](std::size_t i) {
       const Share mine = share_of(slots[i].tensor, owners, model.offset());
+      comm::progress("checkpoint write of {} in {}", slots[i].path, path);
       std::lock_guard lock(hdf5_mutex());
       try {
         local[i] = {rows_io(datasets[i].get(), slots[i].tensor, mine,
