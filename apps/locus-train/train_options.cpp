@@ -26,7 +26,9 @@ std::string check_widths(const std::string& text) {
 }  // namespace
 
 void TrainSettings::register_options(Config& c) {
-  c.add("data.train", train_path, "training dataset (locus-ingest output, docs/FORMATS.md)");
+  c.add("data.train", train_path,
+        "training dataset (locus-ingest output, or any HDF5 file with float [N, D] /features: "
+        "docs/FORMATS.md)");
   c.add("data.test", test_path, "evaluation dataset, scored after every eval.every epochs "
                                 "(empty: no evaluation)");
   c.add("model.widths", widths, "layer widths: input features, hidden..., classes",
