@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -60,8 +63,17 @@ template <class T>
 po::typed_value<T>* typed(T& target, const std::string& key,
                           const std::function<std::string(const T&)>& check) {
   auto* v = po::value<T>(&target)->default_value(target, "");
-  if (check) {
+  if (check || std::is_floating_point_v<T>) {
     v->notifier([key, check](const T& value) {
+      if constexpr (std::is_floating_point_v<T>) {
+        // No option means anything by nan or inf; a range check written as `v > 0` would let
+        // inf through (found by tests/apps/test_bad_input_app.py).
+        if (!std::isfinite(value)) {
+          throw ConfigError(fmt::format("option '{}' = '{}' is out of range: must be a finite "
+                                        "number", key, fmt::to_string(value)));
+        }
+      }
+      if (!check) return;
       const std::string allowed = check(value);
       if (!allowed.empty()) {
         throw ConfigError(fmt::format("option '{}' = '{}' is out of range: {}", key,
@@ -104,6 +116,14 @@ std::string format_double(double v) {
 }
 
 }  // namespace
+
+void add_watchdog_option(Config& c, const std::string& key, double& target) {
+  c.add(key, target,
+        "abort the job (exit 70) when a rank makes no progress for this many seconds, naming "
+        "the rank and the operation it waits in (0: off; time stopped by SIGSTOP does not "
+        "count)",
+        in_range(0.0, 1e9));
+}
 
 const std::vector<std::string>& pipeline_sections() {
   static const std::vector<std::string> sections{"data",  "ingest", "gates",      "model",
@@ -236,6 +256,7 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
 
   po::variables_map vm;
   std::string text = default_config_text;
+  std::string where = "the built-in default config";
   try {
     // No prefix guessing: `--train.epoch=3` must be a typo with a suggestion, not a silent
     // match of train.epochs (nor ambiguous once two keys share the prefix).
@@ -256,8 +277,12 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
     // Look for --config before reading the file, then store the file (command line wins,
     // because Program_options keeps the first value stored for each key).
     if (vm.count("config")) config = vm["config"].as<std::string>();
-    std::string where = "the built-in default config";
     if (!config.empty()) {
+      std::error_code ec;
+      if (std::filesystem::is_directory(config, ec)) {
+        throw ConfigError(fmt::format("config file '{}' is a directory; give --config an INI "
+                                      "file (configs/ has examples)", config));
+      }
       std::ifstream in(config);
       if (!in) {
         throw ConfigError(fmt::format("cannot read config file '{}'; check the path given to "
@@ -265,6 +290,10 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
       }
       std::stringstream ss;
       ss << in.rdbuf();
+      if (in.bad()) {
+        throw ConfigError(fmt::format("cannot read config file '{}'; check the path given to "
+                                      "--config", config));
+      }
       text = ss.str();
       where = fmt::format("config file '{}'", config);
       config_path_ = config;
@@ -295,6 +324,33 @@ Config::Action Config::parse(int argc, char** argv, const std::string& default_c
     po::store(file, vm);
     po::notify(vm);
   } catch (const po::error& e) {
+    const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+    const bool safe = !has_placeholder(text) && std::none_of(args.begin(), args.end(), has_placeholder);
+    if (named != nullptr && safe) {
+      std::string key = named->get_option_name();
+      key.erase(0, key.find_first_not_of('-'));
+      if (dynamic_cast<const po::multiple_occurrences*>(&e) != nullptr) {
+        // The command line's repeats were folded above: the repeat is in the file.
+        throw ConfigError(fmt::format("option '{}' is set more than once in {}; keep one line "
+                                      "for it (a --{}=... on the command line overrides the "
+                                      "file)", key, where, key));
+      }
+      const std::string what = e.what();
+      // Boost says "the argument ('') ..." for an empty value on the command line (here the
+      // kEmptyValue stand-in) and "the argument for option ..." for one in the file.
+      if (dynamic_cast<const po::validation_error*>(&e) != nullptr &&
+          (what.find(kEmptyValue) != std::string::npos || what.find("('')") != std::string::npos ||
+           what.find("the argument for option") != std::string::npos)) {
+        std::string type = "a value";
+        for (const auto& entry : impl_->entries)
+          if (entry.key == key) type = entry.type;
+        throw ConfigError(fmt::format("option '{}' is empty; it takes {} ('{} --help' shows each "
+                                      "option's type and default)",
+                                      key, type == "integer" ? "an integer"
+                                           : type == "number" ? "a number" : type,
+                                      impl_->app));
+      }
+    }
     throw ConfigError(describe(e, args, text, impl_->app));
   }
   if (help) return Action::help;

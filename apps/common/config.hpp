@@ -72,6 +72,14 @@ std::function<std::string(double)> positive();
 std::function<std::string(double)> non_negative();
 std::function<std::string(double)> in_range(double lo, double hi);
 
+// The progress watchdog (lib/comm/watchdog.hpp): `<app section>.watchdog_s` in every app, in
+// seconds without progress before the job is aborted (exit 70); 0: off. 30 minutes by default:
+// far beyond any healthy gap between two progress marks (a step, an evaluation batch, a
+// checkpoint tensor, an inference unit, one collective write), and far below the time limits
+// a stuck job would otherwise burn.
+inline constexpr double kWatchdogDefaultS = 1800;
+void add_watchdog_option(Config& c, const std::string& key, double& target);
+
 // Every section of the pipeline config file, across all apps.
 const std::vector<std::string>& pipeline_sections();
 

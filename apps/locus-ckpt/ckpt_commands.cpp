@@ -148,8 +148,11 @@ int ckpt_inspect(const mpi::Comm& world, const std::string& path) {
   out(world, "tensors:\n");
   for (const auto& t : r.tensors) {
     out(world, fmt::format("  {:<44} {:<14} crc32 {:08x} {}\n", t.name, shape_text(t.shape),
-                           t.stored_crc, t.ok() ? "ok" : fmt::format("(computed {:08x}: DAMAGED)",
-                                                                     t.computed_crc)));
+                           t.stored_crc,
+                           t.ok() ? std::string("ok")
+                           : t.stored_crc != t.computed_crc
+                               ? fmt::format("(computed {:08x}: DAMAGED)", t.computed_crc)
+                               : fmt::format("({} NaN/Inf: REFUSED)", t.nonfinite)));
   }
   out(world, r.ok ? "verification: ok\n" : fmt::format("verification: FAILED: {}\n", r.problem));
   out(world, "config:\n" + r.meta.config);

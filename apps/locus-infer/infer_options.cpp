@@ -29,6 +29,7 @@ void InferSettings::register_options(Config& c) {
         "when no unit is left, re-run units still in flight on slower ranks");
   c.add("infer.blas_threads", blas_threads, "BLAS threads per rank (same on every rank)",
         in_range(std::int64_t{1}, std::int64_t{1024}));
+  add_watchdog_option(c, "infer.watchdog_s", watchdog_s);
   c.add("infer.record_writer", record_writer, "add /writer: the rank that wrote each row");
   c.add("infer.slow_ranks", slow_ranks,
         "test/benchmark hook: comma-separated ranks made slower (see slow_factor, slow_ms)");

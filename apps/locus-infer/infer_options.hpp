@@ -14,7 +14,7 @@ struct InferSettings {
   std::string outputs = "auto", slow_ranks, schedule = "dynamic";
   std::int64_t top_k = 0, batch_rows = 256, unit_rows = 0, read_rows = 0, blas_threads = 1,
                slow_ms = 0;
-  double slow_factor = 1.0;
+  double slow_factor = 1.0, watchdog_s = kWatchdogDefaultS;
   bool speculate = true, record_writer = false;
   // command-line switches
   bool overwrite = false, incremental = false;

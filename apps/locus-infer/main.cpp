@@ -7,6 +7,7 @@
 #include "config.hpp"
 #include "infer_options.hpp"
 #include "locus/comm/app.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/infer/infer.hpp"
 
 namespace {
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
                                      [&] { opts = settings.to_options(config); })) {
       return locus::exit_code::ok;
     }
+    const locus::comm::Watchdog watchdog(settings.watchdog_s, "infer.watchdog_s");
     const auto result = locus::infer::run_inference(world, opts);
     if (world.is_root()) print_summary(opts, result);
     return locus::exit_code::ok;

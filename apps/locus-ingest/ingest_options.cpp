@@ -22,6 +22,7 @@ void IngestSettings::register_options(Config& c) {
   c.add("ingest.num_classes", num_classes, "number of classes; labels must lie in [0, n) (0: unchecked)",
         at_least(0));
   c.add("ingest.chunk_rows", chunk_rows, "HDF5 chunk rows (0: about 1 MiB per chunk)", at_least(0));
+  add_watchdog_option(c, "ingest.watchdog_s", watchdog_s);
   c.add("gates.features", features, "required feature count (0: unchecked)", at_least(0));
   c.add("gates.require_labels", require_labels, "fail when the input has no labels");
   c.add_choice("gates.nonfinite", nonfinite, {"fail", "drop"},

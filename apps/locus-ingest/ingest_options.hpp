@@ -16,6 +16,7 @@ struct IngestSettings {
   std::string images, labels, csv, csv_label, csv_features, csv_delimiter = ",";
   std::string output, report, normalize = "none";
   std::int64_t num_classes = 0, chunk_rows = 0;
+  double watchdog_s = kWatchdogDefaultS;
   // [gates]
   std::int64_t features = 0, min_rows = 0, max_rows = 0, psi_bins = 10;
   bool require_labels = false;

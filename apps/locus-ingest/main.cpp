@@ -6,6 +6,7 @@
 #include "config.hpp"
 #include "ingest_options.hpp"
 #include "locus/comm/app.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/io/ingest.hpp"
 
 namespace {
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
                                      [&] { opts = settings.to_options(config); })) {
       return locus::exit_code::ok;
     }
+    const locus::comm::Watchdog watchdog(settings.watchdog_s, "ingest.watchdog_s");
     const auto result = locus::io::run_ingest(world, opts);
     if (world.is_root()) print_summary(opts, result, world.size());
     return locus::exit_code::ok;

@@ -14,6 +14,7 @@
 #include "config.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/comm/app.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/train/grid.hpp"
 #include "locus/train/checkpoint/checkpoint.hpp"
 #include "locus/train/model/model_file.hpp"
@@ -131,6 +132,8 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
                             })) {
     return exit_code::ok;
   }
+  // From here on a rank that makes no progress for train.watchdog_s aborts the job.
+  const comm::Watchdog watchdog(settings.watchdog_s, "train.watchdog_s");
   // First: from here on a preemption signal is a request to checkpoint, not a kill.
   std::optional<train::PreemptSignals> signals;
   if (!ckpt.signals.empty()) signals.emplace(ckpt.signals);
@@ -219,6 +222,7 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     info.trained_steps = steps;
     info.dataset = opts.data.path;
     info.config = config.effective_ini();
+    comm::progress("writing the model file {} (collective)", settings.output);
     train::write_model_file(grid.world(), settings.output, model, info);
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -26,7 +26,9 @@ std::string check_widths(const std::string& text) {
 }  // namespace
 
 void TrainSettings::register_options(Config& c) {
-  c.add("data.train", train_path, "training dataset (locus-ingest output, docs/FORMATS.md)");
+  c.add("data.train", train_path,
+        "training dataset (locus-ingest output, or any HDF5 file with float [N, D] /features: "
+        "docs/FORMATS.md)");
   c.add("data.test", test_path, "evaluation dataset, scored after every eval.every epochs "
                                 "(empty: no evaluation)");
   c.add("model.widths", widths, "layer widths: input features, hidden..., classes",
@@ -111,6 +113,7 @@ void TrainSettings::register_options(Config& c) {
         "nccl: seconds a rank waits for a gradient all-reduce before it aborts the job "
         "naming the collective (0: forever; time stopped by SIGSTOP does not count)",
         in_range(0.0, 1e9));
+  add_watchdog_option(c, "train.watchdog_s", watchdog_s);
   c.add("train.log_every", log_every, "steps per metrics line (0: epoch ends only)",
         at_least(0));
   c.add_choice("train.anomaly", anomaly, {"warn", "skip", "stop"},

@@ -16,6 +16,7 @@
 #include "input.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/io/publish.hpp"
 #include "locus/train/model/blas.hpp"
 #include "locus/train/model/model_file.hpp"
@@ -111,6 +112,7 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
                                     res.queue.unwritten, res.queue.written_twice));
   }
   const double t_commit = MPI_Wtime();
+  comm::progress("committing the rows of {} (collective)", job.opts.output);
   out.commit_rows(end, sync, hook_point);
   res.seconds_durable = MPI_Wtime() - t_commit;
   res.seconds = MPI_Wtime() - t0;
@@ -148,6 +150,7 @@ Scored run_full(const Job& job) {
     mpi::agree_on(job.comm, [&] { file.close(); });
   }
   test_hook("infer-before-publish");
+  comm::progress("publishing {} (collective)", job.opts.output);
   const double t_publish = MPI_Wtime();
   // Rank 0 makes the file durable while the others sleep; the publication's own fsync then finds
   // nothing left to write, so its spinning collective is short (see quiet_wait.hpp).

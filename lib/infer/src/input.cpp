@@ -58,8 +58,9 @@ InputInfo inspect_input(const mpi::Comm& comm, const InferOptions& opts, const t
     }
     info.rows = f.rows();
     const hid_t root = file.id();
-    if (h5::has_attr(root, "locus_format") &&
-        h5::read_attr<std::string>(root, "locus_format") == "locus-dataset") {
+    const bool locus_dataset = h5::has_attr(root, "locus_format") &&
+                               h5::read_attr<std::string>(root, "locus_format") == "locus-dataset";
+    if (locus_dataset) {
       const auto committed = h5::read_attr<std::int64_t>(root, "committed_rows");
       if (committed < 0 || static_cast<std::uint64_t>(committed) > f.rows()) {
         throw DataError(fmt::format("input '{}': committed_rows = {} but '{}' has {} rows; the "
@@ -68,16 +69,29 @@ InputInfo inspect_input(const mpi::Comm& comm, const InferOptions& opts, const t
       }
       info.rows = static_cast<std::uint64_t>(committed);
     }
+    if (info.rows == 0) {
+      throw DataError(fmt::format("input '{}' has no rows to score ('{}' is empty{}); check "
+                                  "infer.input (an ingest that published nothing?)",
+                                  path, opts.features,
+                                  locus_dataset ? " below committed_rows" : ""));
+    }
+    h5::check_stored(f.id(), info.rows, path, opts.features);
     info.chunk_rows = chunk_rows_of(f);
     if (opts.labels.empty() || !h5::exists(root, opts.labels)) return;
     h5::Dataset l = h5::Dataset::open(file, opts.labels);
-    if (l.cols() != 0 || !is_integer(l.dtype()) || l.rows() < info.rows) {
+    // As the trainer's loader: a locus dataset may hold uncommitted rows past committed_rows
+    // in both datasets; in any other file labels and features describe the same samples.
+    const bool rows_ok = locus_dataset ? l.rows() >= info.rows : l.rows() == info.rows;
+    if (l.cols() != 0 || !is_integer(l.dtype()) || !rows_ok) {
       throw DataError(fmt::format("input '{}': labels dataset '{}' is {} [{}{}]; expected "
-                                  "integer labels [N] with N >= {} (set infer.labels to another "
-                                  "dataset, or to nothing to skip metrics)",
+                                  "integer labels [N] with N {} {}, one per row of '{}' (set "
+                                  "infer.labels to another dataset, or to nothing to skip "
+                                  "metrics)",
                                   path, opts.labels, h5::dtype_name(l.dtype()), l.rows(),
-                                  l.cols() == 0 ? "" : fmt::format(", {}", l.cols()), info.rows));
+                                  l.cols() == 0 ? "" : fmt::format(", {}", l.cols()),
+                                  locus_dataset ? ">=" : "=", info.rows, opts.features));
     }
+    h5::check_stored(l.id(), info.rows, path, opts.labels);
     info.has_labels = true;
   });
   mpi::agree_on(comm, [&] { file.close(); });

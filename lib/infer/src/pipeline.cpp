@@ -11,6 +11,8 @@
 #include <algorithm>
 
 #include "huge_pages.hpp"
+#include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 
 namespace locus::infer::detail {
 
@@ -110,6 +112,8 @@ class Loop {
   // Claims a unit into u (and reads its labels); false when nothing is left.
   bool claim(UnitWork& u) {
     const std::int64_t held[2] = {units_[0].unit, units_[1].unit};
+    comm::progress("work queue fetch (one-sided, on rank 0's window)");
+    test_hook("infer-claim");  // a rank dies or stalls as its peers use the window
     const WorkQueue::Claim c = queue_.claim(held);
     if (c.unit < 0) return false;
     ++(c.speculative ? res_.stats.speculative : res_.stats.claimed);
@@ -136,6 +140,7 @@ class Loop {
   // into s. A unit another rank finished is not read any further: its remainder goes to the
   // compute thread as one empty stripe, to be skipped.
   void read_stripe(UnitWork& u, Stripe& s) {
+    comm::progress("reading rows from {} of unit {}", u.next_read, u.unit);
     const double t0 = MPI_Wtime();
     const std::uint64_t boundary =
         u.origin + ((u.next_read - u.origin) / stripe_rows_ + 1) * stripe_rows_;
@@ -165,6 +170,7 @@ class Loop {
     const auto poll = queue_.solo() ? std::chrono::milliseconds(1000) : kPoll;
     events_.freed.clear();
     events_.done.clear();
+    comm::progress("scoring (waiting for the compute thread)");
     while (!worker_.wait_for(poll, events_)) {
       if (queue_.solo()) continue;
       queue_.progress();
@@ -180,6 +186,7 @@ class Loop {
   // Post-processes and writes a unit whose forward passes this rank finished first.
   void complete(UnitWork& u) {
     if (u.completed && queue_.try_win(u.unit)) {
+      comm::progress("writing the predictions of unit {}", u.unit);
       const double t0 = MPI_Wtime();
       scorer_.finish(u.logits, u.y, u.scores);
       out_.write(u.rows.begin, u.scores, rank_);

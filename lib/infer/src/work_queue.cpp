@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "locus/io/dataset.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "quiet_wait.hpp"
 
 namespace locus::infer {
@@ -138,6 +139,7 @@ void WorkQueue::progress() {
 WorkQueue::Summary WorkQueue::finish() {
   // Every rank's operations completed (each was flushed). Ranks that ran out of units sleep
   // here rather than spin: the ranks still scoring may need the core (see quiet_wait.hpp).
+  comm::progress("work queue end (a barrier: every rank's units scored)");
   detail::quiet_barrier(comm_);
   Summary s;
   s.units = units_;

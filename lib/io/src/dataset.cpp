@@ -92,6 +92,44 @@ void Dataset::set_max_piece_bytes(std::uint64_t bytes) {
   g_max_piece_bytes = std::max<std::uint64_t>(bytes, 1);
 }
 
+void check_stored(hid_t dset, std::uint64_t rows, const std::string& file,
+                  const std::string& name) {
+  if (rows == 0) return;
+  Id space(LOCUS_H5_CHECK(H5Dget_space(dset)));
+  const int ndims = LOCUS_H5_CHECK(H5Sget_simple_extent_ndims(space.get()));
+  if (ndims < 1 || ndims > 2) return;  // the caller refuses the rank
+  std::array<hsize_t, 2> dims{0, 1};
+  LOCUS_H5_CHECK(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
+  Id type(LOCUS_H5_CHECK(H5Dget_type(dset)));
+  const std::uint64_t width = ndims == 2 ? dims[1] : 1;
+  const std::uint64_t need_bytes = rows * width * H5Tget_size(type.get());
+  Id dcpl(LOCUS_H5_CHECK(H5Dget_create_plist(dset)));
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  std::uint64_t have = 0, need = 0;
+  const char* unit = "bytes";
+  if (layout == H5D_CHUNKED) {
+    std::array<hsize_t, 2> chunk{1, 1};
+    LOCUS_H5_CHECK(H5Pget_chunk(dcpl.get(), ndims, chunk.data()));
+    hsize_t allocated = 0;
+    LOCUS_H5_CHECK(H5Dget_num_chunks(dset, space.get(), &allocated));
+    need = ((rows + chunk[0] - 1) / chunk[0]) *
+           (ndims == 2 ? (width + chunk[1] - 1) / chunk[1] : 1);
+    have = allocated;
+    unit = "chunks";
+  } else if (layout == H5D_CONTIGUOUS) {
+    have = H5Dget_storage_size(dset);
+    need = need_bytes;
+  } else {
+    return;  // compact: stored in the object header
+  }
+  if (have >= need) return;
+  throw DataError(fmt::format(
+      "'{}': dataset '{}' declares {} rows but the file stores data for fewer ({} of the {} "
+      "{} they need are written); the rest would read as fill values. The file is incomplete "
+      "or was written with a wrong shape: rewrite it (or re-ingest the source)",
+      file, name, rows, have, need, unit));
+}
+
 Dataset::Dataset(const mpi::Comm& comm, Id id, std::string name)
     : comm_(comm.view()), id_(std::move(id)), name_(std::move(name)) {
   Id space(LOCUS_H5_CHECK(H5Dget_space(id_.get())));
@@ -138,6 +176,13 @@ Dataset Dataset::open(File& file, const std::string& name) {
                                 "lists what is there)", file.path(), name, file.path()));
   }
   Id id(LOCUS_H5_CHECK(H5Dopen2(file.id(), name.c_str(), H5P_DEFAULT)));
+  Id space(LOCUS_H5_CHECK(H5Dget_space(id.get())));
+  const int rank = LOCUS_H5_CHECK(H5Sget_simple_extent_ndims(space.get()));
+  if (rank != 1 && rank != 2) {
+    throw DataError(fmt::format("'{}': dataset '{}' has {} dimensions; locus expects a 1-D [N] "
+                                "or 2-D [N, D] dataset (features [N, D], labels [N])",
+                                file.path(), name, rank));
+  }
   return Dataset(file.comm(), std::move(id), name);
 }
 

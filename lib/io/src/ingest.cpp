@@ -11,6 +11,7 @@
 
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/config.hpp"
 #include "locus/io/checksum.hpp"
 #include "locus/io/publish.hpp"
@@ -102,8 +103,12 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
 
   double t0 = MPI_Wtime();
   std::vector<SourceFile> sources;
-  for (const auto& p : input_paths(opts)) sources.push_back(checksum_file(comm, p));
+  for (const auto& p : input_paths(opts)) {
+    comm::progress("checksum of {}", p);
+    sources.push_back(checksum_file(comm, p));
+  }
   for (const auto& s : sources) res.input_bytes += s.bytes;
+  comm::progress("reading and parsing {}", fmt::join(input_paths(opts), ", "));
   Table table = read_input(comm, opts);
   res.seconds_parse = MPI_Wtime() - t0;
 
@@ -111,6 +116,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   GateConfig gates = opts.gates;
   if (!gates.num_classes && opts.num_classes > 0) gates.num_classes = opts.num_classes;
   if (opts.append && !gates.features) gates.features = existing.cols;
+  comm::progress("statistics and quality gates (all-reduces)");
   const std::int64_t dropped = handle_nonfinite(comm, table, gates.drop_nonfinite);
   const FeatureStats stats = compute_stats(comm, table);
   res.report = evaluate_gates(comm, table, gates, stats, have_ref ? &ref : nullptr,
@@ -163,12 +169,18 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   const auto first_row =
       static_cast<std::uint64_t>(comm.exscan_sum(table.rows())) +
       static_cast<std::uint64_t>(opts.append ? existing.rows : 0);
+  comm::progress("creating dataset {}", opts.output);
   Publication pub(comm, opts.output);
   // An append works on a copy, so a crash at any point leaves the original untouched.
-  if (opts.append) copy_file_parallel(comm, opts.output, pub.temp_path());
+  if (opts.append) {
+    comm::progress("copy of {} for the append", opts.output);
+    copy_file_parallel(comm, opts.output, pub.temp_path());
+  }
   {
     h5::File file = opts.append ? h5::File::open(comm, pub.temp_path(), h5::File::Mode::read_write)
                                 : h5::File::create(comm, pub.temp_path());
+    comm::progress("collective write of dataset {}", opts.output);
+    test_hook("ingest-before-write");  // a rank dies or stalls as its peers write collectively
     if (opts.append) {
       append_dataset(file, table, first_row, static_cast<std::uint64_t>(meta.rows), meta);
     } else {
@@ -179,6 +191,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     mpi::agree_on(comm, [&] { file.close(); });
   }
   test_hook("ingest-before-commit");
+  comm::progress("commit of dataset {}", opts.output);
   pub.commit();
   res.seconds_write = MPI_Wtime() - t0;
   res.meta = std::move(meta);

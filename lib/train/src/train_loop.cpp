@@ -7,6 +7,7 @@
 
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/train/optim/clip.hpp"
 #include "locus/train/optim/schedule.hpp"
 #include "trainer_impl.hpp"
@@ -62,8 +63,11 @@ bool Trainer::Impl::step(const LoadedBatch& b) {
                            "expected (epoch {}, step {})",
                            b.epoch, b.step, state.epoch, state.step_in_epoch));
   test_hook("train-step");  // e.g. train-step:slow50@1, a straggler for the tests
+  comm::progress("forward and backward of step {}", state.step + 1);
   compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
                             static_cast<double>(b.global_rows), on_grads_ready);
+  comm::progress("gradient all-reduce of step {}", state.step + 1);
+  test_hook("train-before-allreduce");  // a rank dies or stalls as its peers wait in it
   if (reducer) reducer->finish();  // the pipeline engine completes its own
   const StepAction verdict = judge_step();  // monitor/monitor_hooks.cpp
   if (verdict == StepAction::stop) return false;
@@ -140,6 +144,7 @@ void Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObs
   while (state.step_in_epoch < steps_per_epoch && state.step < limit) {
     const Mark before = opts.straggler.enabled() ? mark() : Mark{};
     const double agree_before = monitors.agree_s;
+    comm::progress("loading the batch of step {}", state.step + 1);
     const LoadedBatch* b = next_batch();
     LOCUS_ASSERT(b != nullptr, fmt::format("the loader ended epoch {} after {} of {} steps",
                                            state.epoch, state.step_in_epoch, steps_per_epoch));
@@ -177,6 +182,7 @@ void Trainer::Impl::end_epoch(Running& run, TrainObserver& obs) {
   run.summary.last_train_loss = e.train_loss;
   if (has_eval &&
       (run_done || (opts.eval_every > 0 && (state.epoch + 1) % opts.eval_every == 0))) {
+    comm::progress("evaluation after epoch {}", state.epoch + 1);
     e.eval = evaluate();
     e.evaluated = true;
     run.summary.eval_seconds += e.eval.seconds;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "locus/comm/agree.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/file.hpp"
 #include "locus/train/model/blas.hpp"
@@ -297,11 +298,17 @@ EvalMetrics Trainer::Impl::evaluate() {
   detail::Sums local;
   if (eval_loader) {
     eval_loader->start_epoch(0);
-    while (const LoadedBatch* b = eval_loader->next()) {
+    for (std::int64_t n = 1;; ++n) {
+      comm::progress("evaluation batch {}", n);
+      const LoadedBatch* b = eval_loader->next();
+      if (b == nullptr) break;
       detail::add(local, compute->evaluate(batch_of(*b)));
     }
   } else {  // a pipeline stage after the first: stage 0 sends what it needs
-    for (std::int64_t i = 0; i < eval_steps; ++i) detail::add(local, compute->evaluate(Batch{}));
+    for (std::int64_t i = 0; i < eval_steps; ++i) {
+      comm::progress("evaluation batch {}", i + 1);
+      detail::add(local, compute->evaluate(Batch{}));
+    }
   }
   const detail::Sums all = reduce(local);
   EvalMetrics e;

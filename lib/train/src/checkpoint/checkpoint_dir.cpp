@@ -25,6 +25,7 @@
 #include "checkpoint/checkpoint_detail.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/h5.hpp"
 #include "locus/io/publish.hpp"
@@ -274,6 +275,7 @@ SaveResult save_checkpoint(const mpi::Comm& comm, const std::string& dir,
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
+  comm::progress("checkpoint commit of {}", r.path);
   test_hook("ckpt-before-rename");
   pub.commit();
   test_hook("ckpt-before-latest");

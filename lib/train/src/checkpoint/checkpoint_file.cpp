@@ -9,7 +9,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -20,6 +22,7 @@
 #include "model/layer_owners.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/config.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/dataset.hpp"
@@ -286,6 +289,7 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
     std::vector<std::pair<std::uint32_t, std::uint64_t>> local(slots.size());
     auto write_slot = [&](std::size_t i) {
       const Share mine = share_of(slots[i].tensor, owners, model.offset());
+      comm::progress("checkpoint write of {} in {}", slots[i].path, path);
       std::lock_guard lock(hdf5_mutex());
       try {
         local[i] = {rows_io(datasets[i].get(), slots[i].tensor, mine,
@@ -375,6 +379,7 @@ void read_tensors(h5::File& file, const CheckpointMeta& m, TrainState* into,
   const std::size_t base = into ? into->model.offset() : 0;
   std::vector<std::pair<std::uint32_t, std::uint64_t>> local;
   std::vector<std::uint32_t> stored;
+  std::vector<std::uint64_t> nonfinite(slots.size(), 0);  // this rank's share, then summed
   std::vector<float> scratch;
   for (const detail::TensorSlot& s : slots) {
     const Share mine = share_of(s.tensor, owners, base);
@@ -391,21 +396,29 @@ void read_tensors(h5::File& file, const CheckpointMeta& m, TrainState* into,
       h5::Dataset ds = h5::Dataset::open(file, s.path);
       const bool two_d = s.tensor.shape.size() == 2;
       if (ds.rows() != s.tensor.shape[0] || (two_d ? ds.cols() != s.tensor.shape[1] : ds.cols() != 0)) {
-        throw DataError(fmt::format("checkpoint '{}': tensor '{}' has shape [{}, {}] where "
-                                    "widths {} need {} rows: the file is damaged",
-                                    file.path(), s.path, ds.rows(), ds.cols(),
-                                    format_widths(m.model.widths), s.tensor.shape[0]));
+        const auto shape = [](std::uint64_t r, std::uint64_t c) {
+          return c == 0 ? fmt::format("[{}]", r) : fmt::format("[{}, {}]", r, c);
+        };
+        throw DataError(fmt::format("checkpoint '{}': tensor '{}' has shape {} where widths {} "
+                                    "need {}: the file is damaged; use an older checkpoint",
+                                    file.path(), s.path, shape(ds.rows(), ds.cols()),
+                                    format_widths(m.model.widths),
+                                    shape(s.tensor.shape[0], two_d ? s.tensor.shape[1] : 0)));
       }
       local.emplace_back(rows_io(ds.id(), s.tensor, mine, dst.data(), false), dst.size_bytes());
+      const auto i = static_cast<std::size_t>(&s - slots.data());
+      nonfinite[i] = static_cast<std::uint64_t>(
+          std::count_if(dst.begin(), dst.end(), [](float v) { return !std::isfinite(v); }));
       stored.push_back(static_cast<std::uint32_t>(h5::read_attr<std::int64_t>(ds.id(), detail::kCrcAttr)));
     });
   }
   const std::vector<std::uint32_t> computed = combine_all(comm, local);
+  comm.allreduce_inplace(std::span<std::uint64_t>(nonfinite), MPI_SUM);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     checks.push_back({slots[i].path.substr(1), slots[i].tensor.shape.size() == 2
                           ? std::vector<std::uint64_t>{slots[i].tensor.shape[0], slots[i].tensor.shape[1]}
                           : std::vector<std::uint64_t>{slots[i].tensor.shape[0]},
-                      stored[i], computed[i]});
+                      stored[i], computed[i], nonfinite[i]});
   }
   if (into == nullptr) return;
   for (const TensorCheck& c : checks) {
@@ -438,6 +451,12 @@ void read_tensors(h5::File& file, const CheckpointMeta& m, TrainState* into,
 
 std::string first_mismatch(const std::string& path, const std::vector<TensorCheck>& checks) {
   for (const TensorCheck& c : checks) {
+    if (c.stored_crc == c.computed_crc && c.nonfinite > 0) {
+      return fmt::format("checkpoint '{}': tensor '{}' holds {} non-finite value(s) (NaN or "
+                         "Inf): the run had diverged when it was saved, or the file was edited; "
+                         "use an older checkpoint (locus-ckpt list shows which verify)",
+                         path, c.name, c.nonfinite);
+    }
     if (!c.ok()) {
       return fmt::format("checkpoint '{}': tensor '{}' does not match its digest (stored crc32 "
                          "{:08x}, computed {:08x}): the file is damaged; use an older checkpoint",

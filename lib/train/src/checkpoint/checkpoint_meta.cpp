@@ -146,7 +146,14 @@ std::string meta_text(const CheckpointMeta& m) {
   line("dropout", static_cast<double>(m.model.dropout));
   line("seed", m.model.seed);
   line("loss", to_string(m.loss));
-  line("num_classes", m.num_classes);
+  // As /model's num_classes attribute is written (write_model_attributes): a cross-entropy
+  // model trained on a set without num_classes (0: a plain HDF5 file, an ingest with
+  // num_classes = 0) records its output width. The digest covered the raw 0 before, so every
+  // such checkpoint failed verification and --resume=auto skipped it.
+  line("num_classes", m.loss == Loss::softmax_cross_entropy && m.num_classes == 0 &&
+                              !m.model.widths.empty()
+                          ? static_cast<std::int64_t>(m.model.widths.back())
+                          : m.num_classes);
   return t;
 }
 
@@ -344,6 +351,15 @@ CheckpointMeta read_meta(h5::File& file) {
                                 "corrupt; use an older checkpoint", path));
   }
   h5::Id g = h5::open_group(root, "/model");
+  const std::int64_t model_version = h5::has_attr(g.get(), "schema_version")
+                                         ? h5::read_attr<std::int64_t>(g.get(), "schema_version")
+                                         : 0;
+  if (model_version > kModelSchemaVersion || model_version < 1) {
+    throw DataError(fmt::format("checkpoint '{}': /model has schema_version {}; this locus reads "
+                                "1 to {}: resume it with a newer locus, or start over with "
+                                "--resume=none",
+                                path, model_version, kModelSchemaVersion));
+  }
   for (std::int64_t w : h5::read_attr<std::vector<std::int64_t>>(g.get(), "widths")) {
     m.model.widths.push_back(static_cast<int>(w));
   }
@@ -373,7 +389,20 @@ CheckpointMeta read_meta(h5::File& file) {
   const std::string text = meta_text(m);
   const auto stored = static_cast<std::uint32_t>(i64("meta_crc32"));
   const std::uint32_t computed = crc32_of(std::as_bytes(std::span(text.data(), text.size())));
-  if (stored != computed) {
+  // Checkpoints of earlier versions digested num_classes = 0 where /model records the width.
+  const auto legacy = [&] {
+    if (m.loss != Loss::softmax_cross_entropy || m.model.widths.empty() ||
+        m.num_classes != m.model.widths.back()) {
+      return false;
+    }
+    std::string old = text;
+    const std::string now = fmt::format("\nnum_classes={}\n", m.num_classes);
+    const auto at = old.rfind(now);
+    if (at == std::string::npos) return false;
+    old.replace(at, now.size(), "\nnum_classes=0\n");
+    return crc32_of(std::as_bytes(std::span(old.data(), old.size()))) == stored;
+  };
+  if (stored != computed && !legacy()) {
     throw DataError(fmt::format("checkpoint '{}': its attributes do not match their digest "
                                 "(meta_crc32 {:08x}, computed {:08x}): the file is damaged; use "
                                 "an older checkpoint", path, stored, computed));

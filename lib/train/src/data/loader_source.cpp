@@ -52,6 +52,16 @@ struct Shape {
   int ndims = 0;
   std::array<hsize_t, 2> dims{0, 0};
   H5T_class_t cls = H5T_NO_CLASS;
+  std::size_t size = 0;  // bytes per element
+  // "float64 [300, 12]", "int64 [3600]", "float32 (3 dimensions)": for messages.
+  std::string describe() const {
+    const char* kind = cls == H5T_FLOAT ? "float" : cls == H5T_INTEGER ? "int" : "non-numeric ";
+    std::string text = fmt::format("{}{}", kind, cls == H5T_FLOAT || cls == H5T_INTEGER
+                                                     ? std::to_string(8 * size) : "");
+    if (ndims == 1) return text + fmt::format(" [{}]", dims[0]);
+    if (ndims == 2) return text + fmt::format(" [{}, {}]", dims[0], dims[1]);
+    return text + fmt::format(" ({} dimensions)", ndims);
+  }
 };
 
 Shape shape_of(hid_t dset) {
@@ -62,6 +72,7 @@ Shape shape_of(hid_t dset) {
     LOCUS_H5_CHECK(H5Sget_simple_extent_dims(space.get(), s.dims.data(), nullptr));
   h5::Id type(LOCUS_H5_CHECK(H5Dget_type(dset)));
   s.cls = H5Tget_class(type.get());
+  s.size = H5Tget_size(type.get());
   return s;
 }
 
@@ -161,9 +172,15 @@ void Source::inspect(const LoaderOptions& opts) {
   features_ = open_dataset(file_.get(), path_, opts.features, "features");
   const Shape f = shape_of(features_.get());
   if (f.ndims != 2 || f.cls != H5T_FLOAT || f.dims[1] == 0) {
-    throw DataError(fmt::format("dataset '{}' in '{}' is not a floating-point [N, D] matrix "
-                                "({} dimensions); the loader reads float32 [rows, features]",
-                                opts.features, path_, f.ndims));
+    throw DataError(fmt::format("dataset '{}' in '{}' is {}; the loader reads a floating-point "
+                                "[N, D] matrix (N rows of D features; float32, or float64 "
+                                "converted on read): point data.train/data.test at such a "
+                                "dataset{}",
+                                opts.features, path_, f.describe(),
+                                f.ndims == 2 && f.cls == H5T_INTEGER
+                                    ? fmt::format(", or convert it (h5py: f['{}'][:].astype("
+                                                  "'float32'))", opts.features)
+                                    : std::string()));
   }
   const std::uint64_t extent = f.dims[0];
   cols_ = f.dims[1];
@@ -181,13 +198,14 @@ void Source::inspect(const LoaderOptions& opts) {
     throw DataError(fmt::format("'{}' has no rows to train on ('{}' is empty{})", path_,
                                 opts.features, committed ? " below committed_rows" : ""));
   }
+  h5::check_stored(features_.get(), rows_, path_, opts.features);
   if (opts.labels.empty() || !dataset_path_exists(file_.get(), opts.labels)) return;
   labels_ = open_dataset(file_.get(), path_, opts.labels, "labels");
   const Shape l = shape_of(labels_.get());
   if (l.ndims != 1 || l.cls != H5T_INTEGER) {
-    throw DataError(fmt::format("dataset '{}' in '{}' is not a 1-D integer vector ({} "
-                                "dimensions); labels are int32 [rows], or set labels = \"\"",
-                                opts.labels, path_, l.ndims));
+    throw DataError(fmt::format("dataset '{}' in '{}' is {}; labels are a 1-D integer vector "
+                                "[rows] (int32), or set labels = \"\"",
+                                opts.labels, path_, l.describe()));
   }
   // A locus dataset may hold uncommitted rows past committed_rows in both datasets.
   if (committed ? l.dims[0] < rows_ : l.dims[0] != extent) {
@@ -197,6 +215,7 @@ void Source::inspect(const LoaderOptions& opts) {
                                 opts.features, committed ? rows_ : extent,
                                 committed ? " committed rows" : ""));
   }
+  h5::check_stored(labels_.get(), rows_, path_, opts.labels);
 }
 
 Source::~Source() { abandon(); }

@@ -230,6 +230,18 @@ std::string locate_group(h5::File& file) {
       throw DataError(fmt::format("checkpoint '{}' has no /model group; it is incomplete or "
                                   "corrupt: use an earlier checkpoint", file.path()));
     }
+    // Only the /model group is read here, and it carries its own schema_version: a checkpoint
+    // without format_version (hand-made, as docs/FORMATS.md allows for /model) is read; one
+    // of a newer format is refused, as --resume and locus-ckpt verify refuse it.
+    const std::int64_t version = h5::has_attr(root, "format_version")
+                                     ? h5::read_attr<std::int64_t>(root, "format_version")
+                                     : 1;
+    if (version > kCheckpointFormatVersion || version < 1) {
+      throw DataError(fmt::format("checkpoint '{}' has format_version {}; this locus reads 1 to "
+                                  "{}: score it with a newer locus, or export a model file "
+                                  "with the locus that wrote it (locus-ckpt export)",
+                                  file.path(), version, kCheckpointFormatVersion));
+    }
     return "/model";
   }
   throw DataError(fmt::format("'{}' has locus_format = \"{}\"; expected a model (\"{}\") or a "

@@ -50,6 +50,15 @@ struct TransferReport {
   bool collective() const { return mode != H5D_MPIO_NO_COLLECTIVE; }
 };
 
+// Rows [0, rows) of the 1-D or 2-D dataset `dset` (named `name` in file `file`, for the
+// message) are stored in the file, not merely declared: a contiguous dataset has storage for
+// them, a chunked one has at least as many chunks allocated as cover them. A dataset declared
+// far larger than the data written (h5py's lazily allocated chunks, a wrong shape) would
+// otherwise read as fill values. Throws DataError naming the file, the dataset and both sizes.
+// Local; reads only metadata.
+void check_stored(hid_t dset, std::uint64_t rows, const std::string& file,
+                  const std::string& name);
+
 class Dataset {
  public:
   // Collective over the file's communicator.

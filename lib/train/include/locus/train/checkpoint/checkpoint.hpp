@@ -24,13 +24,12 @@
 #include "locus/train/metrics.hpp"
 #include "locus/train/model/loss.hpp"
 #include "locus/train/model/model.hpp"
+#include "locus/train/model/model_file.hpp"  // kCheckpointFormatVersion
 #include "locus/train/optim/optimizer.hpp"
 #include "locus/train/train_state.hpp"
 #include "locus/train/trainer.hpp"
 
 namespace locus::train {
-
-inline constexpr std::int64_t kCheckpointFormatVersion = 1;
 
 // Which training set a checkpoint was trained on. The fingerprint (16 hex digits, FNV-1a 64)
 // covers committed_rows, the feature count, the source files' sizes and CRC-32s and the
@@ -150,7 +149,10 @@ struct TensorCheck {
   std::vector<std::uint64_t> shape;
   std::uint32_t stored_crc = 0;
   std::uint32_t computed_crc = 0;
-  bool ok() const noexcept { return stored_crc == computed_crc; }
+  // NaN or Inf elements: a run that had diverged when it was saved, or an edited file (the
+  // digest then matches; the tensor is still refused).
+  std::uint64_t nonfinite = 0;
+  bool ok() const noexcept { return stored_crc == computed_crc && nonfinite == 0; }
 };
 
 struct VerifyReport {

@@ -17,6 +17,9 @@ namespace locus::train {
 inline constexpr std::int64_t kModelSchemaVersion = 1;
 inline constexpr const char* kModelFormat = "locus-model";
 inline constexpr const char* kCheckpointFormat = "locus-checkpoint";
+// The newest checkpoint format_version this build reads (checkpoint.hpp; here so that a model
+// read from a checkpoint's /model group refuses a newer checkpoint as load_checkpoint does).
+inline constexpr std::int64_t kCheckpointFormatVersion = 1;
 
 struct ModelInfo {
   ModelSpec spec;                 // widths, activation, init, dropout, seed
