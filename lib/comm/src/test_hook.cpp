@@ -17,7 +17,8 @@ namespace {
 
 // The action LOCUS_TEST_HOOK names for `point` on this world rank ("" when none).
 std::string hook_action(const char* point) {
-  static const char* spec = std::getenv("LOCUS_TEST_HOOK");
+  // Read every time (hooks sit at rare points), so a test may set the variable between runs.
+  const char* spec = std::getenv("LOCUS_TEST_HOOK");
   if (spec == nullptr) return {};
   const std::string s(spec);
   const auto colon = s.find(':');

@@ -1,6 +1,6 @@
 // Fault-injection points for tests. `LOCUS_TEST_HOOK=<point>:<action>[@rank]` makes the
 // process act at the named point: `kill` (SIGKILL itself), `exit` (_Exit(9)) or `sleep<N>`
-// (pause N seconds). Without the variable a hook costs one getenv at first use.
+// (pause N seconds). Without the variable a hook costs one getenv.
 //
 // Slow-down points (test_hook_slowdown) instead make the caller slower at each occurrence:
 // `slow<F>` (F times slower: the caller waits F - 1 times the work it just did, as a slower
