@@ -5,7 +5,7 @@
 # with the static split (ingest.schedule=static: rank r its block of units, no speculation) for
 # comparison. Rounds alternate the runs so load spikes on a shared machine hit all of them;
 # figures are medians over rounds.
-#   bench/io/run_ingest_straggler.sh BUILD_DIR [WORKDIR]   (env: ROUNDS=5 CSV_MB=100)
+#   bench/io/run_ingest_straggler.sh BUILD_DIR [WORKDIR]   (env: ROUNDS=7 CSV_MB=300)
 # Only the unit loop is slowed (the checksums of the inputs, the gates, the write and the
 # publication are not), so the ideal is: the 2-rank run's time outside its unit loop + its loop
 # time x 2 / 1.25 (two ranks, one at 1/4 speed, have 1.25 ranks' speed; as bench/infer), and,
@@ -14,7 +14,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$1 work=${2:-$(mktemp -d /tmp/locus-ingest-straggler.XXXXXX)}
-rounds=${ROUNDS:-5} csv_mb=${CSV_MB:-100}
+rounds=${ROUNDS:-7} csv_mb=${CSV_MB:-300}
 ingest=$build/apps/locus-ingest
 mkdir -p "$work"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
@@ -68,6 +68,17 @@ for src in idx csv; do
   echo "  slowed, dynamic:          total $ts s = $(r "$ts" "$ideal") x ideal $ideal s; unit loop $ls s = $(r "$ls" "$loop_ideal") x ideal $loop_ideal s   (target <= 1.15)"
   echo "  slowed, static split:     total $tst s = $(r "$tst" "$ideal") x ideal; unit loop $lst s = $(r "$lst" "$loop_ideal") x ideal"
   echo "  against the 1-rank ideal (loop $loop_ideal1 s): dynamic total $(r "$ts" "$ideal1"), loop $(r "$ls" "$loop_ideal1"); static total $(r "$tst" "$ideal1"), loop $(r "$lst" "$loop_ideal1")"
+  # Paired: each round's slowed runs against that round's own ideal (the runs of one round sit
+  # side by side, so they share its load), then the median over rounds.
+  paired() {  # paired KIND COLUMN(1 total, 2 loop) IDEAL(2: from 2 ranks, 1: from 1 rank)
+    paste -d' ' <(printf '%s' "${res[$src.$1]}") <(printf '%s' "${res[$src.l2]}") \
+      <(printf '%s' "${res[$src.l1]}") | awk -v c="$2" -v w="$3" 'NF {
+        l2 = $6; l1 = $10; t2 = $5; loop = (w == 2) ? 2 * l2 / 1.25 : l1 / 1.25
+        ideal = (c == 1) ? t2 - l2 + loop : loop; print $c / ideal }' | median
+  }
+  printf '  paired medians (slowed / ideal of its round): dynamic loop %.2f, total %.2f; static loop %.2f, total %.2f; against the 1-rank ideal: dynamic loop %.2f, total %.2f; static loop %.2f\n' \
+    "$(paired slow 2 2)" "$(paired slow 1 2)" "$(paired static 2 2)" "$(paired static 1 2)" \
+    "$(paired slow 2 1)" "$(paired slow 1 1)" "$(paired static 2 1)"
   echo "  re-runs/wins per round (slowed, dynamic): $(printf '%s' "${res[$src.slow]}" | awk 'NF {printf "%s/%s ", $3, $4}')"
 done
 echo "raw (total s, unit loop s, re-runs, re-run wins):"
