@@ -133,6 +133,16 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   detail::ParsedUnits parsed;
   {
     const std::unique_ptr<UnitSource> units = open_units(comm, opts);
+    // The work queue keeps 32 bytes per unit on rank 0 and the ranks exchange 24: bounded.
+    constexpr std::int64_t kMaxUnits = std::int64_t{1} << 22;
+    if (units->units() > kMaxUnits) {
+      throw_error(ErrorKind::config,
+                  fmt::format("ingest.unit_bytes = {} cuts {} into {} units, more than the {} "
+                              "allowed: raise ingest.unit_bytes (0 picks 1-16 MiB)",
+                              opts.unit_bytes, fmt::join(input_paths(opts), ", "), units->units(),
+                              kMaxUnits),
+                  /*agreed=*/true);  // every rank cut the same units
+    }
     parsed = detail::parse_units(comm, *units, {.schedule = opts.schedule,
                                                 .speculate = opts.speculate,
                                                 .drop_nonfinite = gates.drop_nonfinite});
