@@ -23,6 +23,16 @@ void IngestSettings::register_options(Config& c) {
         at_least(0));
   c.add("ingest.chunk_rows", chunk_rows, "HDF5 chunk rows (0: about 1 MiB per chunk)", at_least(0));
   add_watchdog_option(c, "ingest.watchdog_s", watchdog_s);
+  c.add("ingest.unit_bytes", unit_bytes,
+        "input bytes per work unit handed out to the ranks (IDX: whole records of the "
+        "decompressed data; 0: 1/64 of the input, between 1 MiB and 16 MiB); the statistics "
+        "depend on it, never on the rank count or the schedule", at_least(0));
+  c.add_choice("ingest.schedule", schedule, {"dynamic", "static"},
+               "dynamic: units from a shared counter, faster ranks take more; static: rank r "
+               "parses the r-th block of units, no speculation (a benchmark baseline)");
+  c.add("ingest.speculate", speculate,
+        "when no unit is left, re-run units still in flight on slower ranks (the first result "
+        "wins)");
   c.add("gates.features", features, "required feature count (0: unchecked)", at_least(0));
   c.add("gates.require_labels", require_labels, "fail when the input has no labels");
   c.add_choice("gates.nonfinite", nonfinite, {"fail", "drop"},
@@ -59,6 +69,9 @@ io::IngestOptions IngestSettings::to_options(const Config& c) const {
   o.normalize = io::parse_normalization(normalize);
   o.num_classes = num_classes;
   o.chunk_rows = static_cast<std::uint64_t>(chunk_rows);
+  o.unit_bytes = static_cast<std::uint64_t>(unit_bytes);
+  o.schedule = schedule == "static" ? comm::Schedule::static_blocks : comm::Schedule::dynamic;
+  o.speculate = speculate;
   if (features > 0) o.gates.features = features;
   o.gates.require_labels = require_labels;
   o.gates.drop_nonfinite = nonfinite == "drop";

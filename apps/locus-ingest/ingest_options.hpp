@@ -15,7 +15,9 @@ struct IngestSettings {
   std::string source = "idx";
   std::string images, labels, csv, csv_label, csv_features, csv_delimiter = ",";
   std::string output, report, normalize = "none";
-  std::int64_t num_classes = 0, chunk_rows = 0;
+  std::int64_t num_classes = 0, chunk_rows = 0, unit_bytes = 0;
+  std::string schedule = "dynamic";
+  bool speculate = true;
   double watchdog_s = kWatchdogDefaultS;
   // [gates]
   std::int64_t features = 0, min_rows = 0, max_rows = 0, psi_bins = 10;

@@ -1,5 +1,6 @@
 // locus-ingest: parallel ingest of IDX/CSV inputs into a locus HDF5 dataset, behind
-// data-quality gates. Every rank parses and writes its own share.
+// data-quality gates. Units of the input are handed out dynamically (idle ranks re-run a slower
+// rank's unit); every rank writes the units it won.
 
 #include <fmt/format.h>
 
@@ -11,6 +12,16 @@
 
 namespace {
 
+// "  units: 45 of 1.0 MiB, dynamic with speculation; won/re-runs per rank: 23/0 22/1"
+void print_schedule(const locus::io::IngestSchedule& s) {
+  std::string ranks;
+  for (const auto& r : s.per_rank) ranks += fmt::format(" {}/{}", r.won, r.reruns);
+  fmt::print("  units: {} of {:.1f} MiB, {}{}; won/re-runs per rank:{}\n", s.units,
+             static_cast<double>(s.unit_bytes) / (1 << 20),
+             s.schedule == locus::comm::Schedule::dynamic ? "dynamic" : "static",
+             s.speculate ? " with speculation" : "", ranks);
+}
+
 void print_summary(const locus::io::IngestOptions& opts, const locus::io::IngestResult& r,
                    int ranks) {
   const auto& m = r.meta;
@@ -19,6 +30,7 @@ void print_summary(const locus::io::IngestOptions& opts, const locus::io::Ingest
     fmt::print("validated {} rows x {} features on {} ranks: all {} gates passed (report: {})\n",
                rep.rows, rep.cols, ranks, rep.rules.size(),
                opts.report.empty() ? opts.output + ".gates.json" : opts.report);
+    print_schedule(r.schedule);
     return;
   }
   const double mb = static_cast<double>(r.input_bytes) / 1e6;
@@ -43,6 +55,7 @@ void print_summary(const locus::io::IngestOptions& opts, const locus::io::Ingest
   fmt::print("  gates: {} rules passed{}; non-finite rows {}, dropped {}\n", rep.rules.size(),
              rep.reference.empty() ? "" : fmt::format(" (reference {})", rep.reference),
              rep.nonfinite_rows, rep.dropped_rows);
+  print_schedule(r.schedule);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 
+import h5py
 import numpy as np
 
 from apphelpers import FASHION, check, expect_exit, main, no_outputs, read_dataset
@@ -259,6 +260,50 @@ def test_append_equals_full_ingest_and_survives_a_crash(r, tmp):
     check(np.array_equal(attrs["hist_counts"].sum(), ar["hist_counts"].sum()), "histogram total")
 
 
+def dataset_bytes(path):
+    """Every dataset and attribute of a locus dataset as bytes, but the recorded config."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        for owner, prefix in ((f, "/"), (f["features"], "features"), *(
+                ((f["labels"], "labels"),) if "labels" in f else ())):
+            for k, v in owner.attrs.items():
+                if prefix == "/" and k == "config":
+                    continue
+                a = np.asarray(v)
+                out[f"{prefix}@{k}"] = repr(a.tolist()) if a.dtype == object else (a.dtype.str, a.tobytes())
+        for name in f:
+            out[name] = f[name][()].tobytes()
+    return out
+
+
+def test_same_bytes_at_any_rank_count_schedule_or_straggler(r, tmp):
+    images = f"{FASHION}/t10k-images-idx3-ubyte.gz"
+    labels = f"{FASHION}/t10k-labels-idx1-ubyte.gz"
+
+    def ingest(name, *extra, ranks=None, env=None):
+        out = os.path.join(tmp, f"{name}.h5")
+        p = r.run("locus-ingest", f"--ingest.images={images}", f"--ingest.labels={labels}",
+                  f"--ingest.output={out}", "--ingest.unit_bytes=100000", *extra,
+                  ranks=ranks, env=env)
+        expect_exit(p, 0, "10000 rows x 784 features", "units: 79 of")
+        with open(out + ".gates.json") as f:
+            return dataset_bytes(out), json.load(f)["schedule"]
+
+    one, _ = ingest("one", ranks=1)
+    dyn, sched = ingest("dynamic")
+    check(dyn == one, f"{r.ranks} ranks wrote other bytes than 1 rank")
+    check(sum(x["won"] for x in sched["per_rank"]) == 79, f"units kept {sched}")
+    static, sched = ingest("static", "--ingest.schedule=static")
+    check(static == one, "the static split wrote other bytes")
+    check(all(x["reruns"] == 0 for x in sched["per_rank"]), f"static re-ran units: {sched}")
+    # Rank 1 takes 30 s per unit: its unit is re-run by another rank, which wins.
+    slow, sched = ingest("slow", env={"LOCUS_TEST_HOOK": "ingest-unit:delay30000@1"})
+    check(slow == one, "a run with a slowed rank wrote other bytes")
+    ranks = sched["per_rank"]
+    check(ranks[1]["won"] == 0 and ranks[1]["abandoned"] >= 1 and
+          sum(x["rerun_wins"] for x in ranks) >= 1, f"no speculation seen: {sched}")
+
+
 def formats_md_example(tmp):
     """Runs the 'Writing one by hand (h5py)' example of docs/FORMATS.md in tmp."""
     doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "FORMATS.md")
@@ -289,5 +334,6 @@ if __name__ == "__main__":
           test_every_gate_fires_and_publishes_nothing, test_nonfinite_drop_counts,
           test_bad_inputs_give_clear_errors_and_no_output,
           test_append_equals_full_ingest_and_survives_a_crash,
+          test_same_bytes_at_any_rank_count_schedule_or_straggler,
           test_documented_h5py_dataset_is_readable],
          once=[test_validate_only_writes_report_only, test_config_errors_name_the_key])

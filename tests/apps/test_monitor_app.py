@@ -120,7 +120,7 @@ def test_slow_rank_is_a_straggler(r, tmp):
     slow = r.ranks - 1
     p = train_per_rank(r, tmp, "--checkpoint.dir=ck", "--train.max_steps=60",
                        "--train.log_every=5", "--train.straggler_intervals=2",
-                       env={"LOCUS_TEST_HOOK": f"train-step:slow40@{slow}",
+                       env={"LOCUS_TEST_HOOK": f"train-step:delay40@{slow}",
                             "SLURMD_NODENAME": "fake-node"})
     check(rank_exits(p) == [(k, 0) for k in range(r.ranks)], f"exits {rank_exits(p)}", p)
     check(p.stderr.count(f"straggler: rank {slow} ") == 1, "reported once on stderr", p)

@@ -2,6 +2,7 @@
 // collectively; attributes; extendible datasets; clear errors for missing files/datasets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "locus/io/attribute.hpp"
@@ -99,6 +100,35 @@ TEST(Dataset, LargeTransfersAreCutIntoCollectivePiecesOnEveryRank) {
   std::vector<float> back(all.count * d);
   ds.read_rows<float>(all.begin, back);
   Dataset::set_max_piece_bytes(1ULL << 30);
+  EXPECT_EQ(back, rows_of(all, d));
+}
+
+TEST(Dataset, SeveralRangesPerRankAreWrittenInCollectiveRounds) {
+  mpi::Comm world = mpi::Comm::world();
+  test::SharedTmpDir dir(world);
+  // Blocks of 7 rows dealt round-robin with a skew (rank r takes block b when (b + b / 5) % size
+  // == r, so ranks hold different range counts), adjacent blocks of one rank not merged, and
+  // one range cut in pieces: every rank must join every round.
+  const std::uint64_t n = 200, d = 3, block = 7;
+  std::vector<h5::RowRange> mine;
+  std::vector<float> data;
+  for (std::uint64_t b = 0; b * block < n; ++b) {
+    if (static_cast<int>((b + b / 5) % static_cast<std::uint64_t>(world.size())) != world.rank())
+      continue;
+    const h5::RowRange r{b * block, std::min(block, n - b * block)};
+    mine.push_back(r);
+    const std::vector<float> v = rows_of(r, d);
+    data.insert(data.end(), v.begin(), v.end());
+  }
+  Dataset::set_max_piece_bytes(d * 4 * 5);  // 5 rows per piece: each 7-row range takes 2
+  File f = File::create(world, dir.file("ranges.h5"));
+  Dataset ds = Dataset::create(f, {.name = "/x", .dtype = h5::Dtype::f32, .rows = n, .cols = d});
+  ds.write_row_ranges<float>(mine, data);
+  Dataset::set_max_piece_bytes(1ULL << 30);
+  EXPECT_TRUE(ds.last_transfer().collective()) << "mode " << ds.last_transfer().mode;
+  const auto all = h5::partition_rows(n, world.rank(), world.size());
+  std::vector<float> back(all.count * d);
+  ds.read_rows<float>(all.begin, back);
   EXPECT_EQ(back, rows_of(all, d));
 }
 

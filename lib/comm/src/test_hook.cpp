@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,10 +17,9 @@ namespace locus {
 
 namespace {
 
-const char* hook_spec() {
-  static const char* spec = std::getenv("LOCUS_TEST_HOOK");
-  return spec;
-}
+// Read every time (a getenv; hooks sit at points reached at most once a step), so a test may
+// set the variable between runs in one process.
+const char* hook_spec() { return std::getenv("LOCUS_TEST_HOOK"); }
 
 // The action of `point` on this rank, "" when the hook names another point or rank.
 std::string action_for(const std::string& point) {
@@ -27,7 +27,7 @@ std::string action_for(const std::string& point) {
   if (spec == nullptr) return "";
   const std::string s(spec);
   const auto colon = s.find(':');
-  if (colon == std::string::npos || s.compare(0, colon, point) != 0 || colon != point.size()) {
+  if (colon == std::string::npos || colon != point.size() || s.compare(0, colon, point) != 0) {
     return "";
   }
   std::string action = s.substr(colon + 1);
@@ -54,15 +54,23 @@ std::string test_hook_action(const std::string& point) {
   return action;
 }
 
+SlowDown test_hook_slowdown(const char* point) {
+  const std::string action = action_for(point);
+  SlowDown s;
+  if (action.rfind("slow", 0) == 0) s.factor = std::max(1.0, std::atof(action.c_str() + 4));
+  if (action.rfind("delay", 0) == 0) s.extra_ms = std::max(0.0, std::atof(action.c_str() + 5));
+  return s;
+}
+
 void test_hook(const char* point) {
   if (hook_spec() == nullptr) return;
   const std::string action = action_for(point);
   if (action.empty()) return;
-  if (action.rfind("slow", 0) == 0) {  // every time, announced once
+  if (action.rfind("delay", 0) == 0) {  // every time, announced once
     static bool announced = false;
     if (!announced) announce(point, action + " (every time)");
     announced = true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(action.c_str() + 4)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(action.c_str() + 5)));
     return;
   }
   announce(point, action);

@@ -1,41 +1,11 @@
-// Waiting for other ranks without holding a core (private): the end of a scoring run, where a
-// rank that ran out of units, or that waits for rank 0's fsync, would otherwise spin in MPI.
-//
-// Why: Open MPI's blocking collectives busy-poll. When ranks run at real-time priority (a job
-// shielded with chrt, as the benchmarks are), a spinning rank yields its core only to other
-// real-time tasks, so the kernel threads that complete rank 0's fsync (writeback, journal,
-// per-CPU work items) starve on that core: the publication of a 2-rank run took 0.1-1.2 s
-// instead of 0.05 s. Sleeping between polls gives them the core.
+// Quiet waits (private): lib/comm's, under the names the scoring loop uses.
 #pragma once
 
-#include <exception>
-#include <utility>
-
-#include "locus/comm/agree.hpp"
-#include "locus/comm/mpi.hpp"
+#include "locus/comm/quiet_wait.hpp"
 
 namespace locus::infer::detail {
 
-// Collective over comm: a barrier whose waiting ranks sleep between polls (MPI_Ibarrier, tested
-// every 200 µs) instead of spinning.
-void quiet_barrier(const mpi::Comm& comm);
-
-// Collective over comm: rank 0 runs fn (an fsync, say) while the other ranks wait in
-// quiet_barrier; an error thrown by fn is re-thrown, agreed, on every rank.
-template <class Fn>
-void on_root_quietly(const mpi::Comm& comm, Fn&& fn) {
-  std::exception_ptr error;
-  if (comm.is_root()) {
-    try {
-      std::forward<Fn>(fn)();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  quiet_barrier(comm);
-  mpi::agree_on(comm, [&] {
-    if (error) std::rethrow_exception(error);
-  });
-}
+using comm::on_root_quietly;
+using comm::quiet_barrier;
 
 }  // namespace locus::infer::detail

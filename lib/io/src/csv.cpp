@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cfloat>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include "locus/comm/agree.hpp"
+#include "locus/io/unit_source.hpp"
 #include "source_file.hpp"
 
 namespace locus::io {
@@ -23,6 +25,7 @@ namespace {
 
 constexpr int kSkip = -1;   // column not selected: not parsed at all
 constexpr int kLabel = -2;  // the label column
+constexpr std::uint64_t kPollBytes = std::uint64_t{1} << 20;  // keep_going() period
 
 // What is wrong with one data row (the line number is added by the caller).
 struct RowError {
@@ -258,16 +261,25 @@ void parse_row(const std::vector<std::string_view>& fields, const CsvLayout& l,
   }
 }
 
+[[noreturn]] void throw_no_rows(const std::string& path, std::size_t columns) {
+  throw DataError(fmt::format("'{}' has no data rows: only the header line ({} columns); a CSV "
+                              "needs at least one data row after the header", path, columns));
+}
+
 struct LocalParse {
   std::int64_t lines = 0;  // physical lines that start in this rank's range
+  bool stopped = false;    // keep_going said stop
   std::optional<LineError> line_error;
   std::optional<mpi::Failure> other_error;  // I/O failure, not tied to a line
 };
 
 // Parses the lines that start in [range.begin, range.end) into t. Never throws, so every
 // rank reaches the collectives that follow.
+// keep_going (when given) is asked about every MiB of input; parsing stops when it says false
+// (LocalParse::stopped).
 LocalParse parse_range(const detail::InputFile& file, std::uint64_t limit, const CsvLayout& l,
-                       const CsvOptions& opts, detail::Range range, bool first_rank, Table& t) {
+                       const CsvOptions& opts, detail::Range range, bool first_rank, Table& t,
+                       const std::function<bool()>* keep_going = nullptr) {
   LocalParse out;
   try {
     if (range.count() == 0) return out;
@@ -278,7 +290,15 @@ LocalParse parse_range(const detail::InputFile& file, std::uint64_t limit, const
     if (!first_rank) reader.next(line, start);
     std::vector<std::string_view> fields;
     const auto d = static_cast<std::size_t>(t.cols);
+    std::uint64_t next_poll = range.begin + kPollBytes;
     while (reader.next(line, start) && start < range.end) {
+      if (keep_going != nullptr && start >= next_poll) {
+        next_poll = start + kPollBytes;
+        if (!(*keep_going)()) {
+          out.stopped = true;
+          return out;
+        }
+      }
       ++out.lines;
       line = strip_cr(line);
       if (std::all_of(line.begin(), line.end(), is_blank)) continue;
@@ -302,7 +322,72 @@ LocalParse parse_range(const detail::InputFile& file, std::uint64_t limit, const
   return out;
 }
 
+// The lines of fixed byte ranges, each rank parsing the units it is handed.
+class CsvUnits final : public UnitSource {
+ public:
+  CsvUnits(const CsvOptions& opts, detail::InputFile file, CsvLayout layout, std::uint64_t limit,
+           std::uint64_t unit_bytes)
+      : opts_(opts), file_(std::move(file)), layout_(std::move(layout)), limit_(limit) {
+    begin_ = std::min(layout_.data_begin, limit_);
+    const std::uint64_t data = limit_ - begin_;
+    unit_bytes_ = unit_bytes == 0 ? auto_unit_bytes(data) : unit_bytes;
+    units_ = std::max<std::uint64_t>(1, (data + unit_bytes_ - 1) / unit_bytes_);
+    header_.cols = static_cast<std::int64_t>(layout_.feature_names.size());
+    header_.has_labels = !opts.label_column.empty();
+    header_.label_name = opts.label_column;
+    header_.feature_names = layout_.feature_names;
+  }
+
+  std::int64_t units() const override { return static_cast<std::int64_t>(units_); }
+  std::uint64_t unit_bytes() const override { return unit_bytes_; }
+  const Table& header() const override { return header_; }
+
+  UnitParse parse(std::int64_t unit, Table& t, const std::function<bool()>& keep_going) override {
+    const auto u = static_cast<std::uint64_t>(unit);
+    const detail::Range range{std::min(limit_, begin_ + u * unit_bytes_),
+                              std::min(limit_, begin_ + (u + 1) * unit_bytes_)};
+    const LocalParse p = parse_range(file_, limit_, layout_, opts_, range, u == 0, t, &keep_going);
+    UnitParse out;
+    out.lines = p.lines;
+    out.abandoned = p.stopped;
+    if (p.other_error) out.error = UnitError{p.other_error->kind, p.other_error->message};
+    if (p.line_error) out.error = UnitError{ErrorKind::data, p.line_error->detail, p.line_error->local_line};
+    return out;
+  }
+
+  std::string describe(const UnitError& e, std::int64_t lines_before) const override {
+    if (e.line < 0) return e.message;
+    // Line 1 is the header.
+    return fmt::format("'{}' line {}: {}", opts_.path, 2 + lines_before + e.line, e.message);
+  }
+
+  void check_total_rows(std::int64_t rows) const override {
+    if (rows == 0) throw_no_rows(opts_.path, layout_.names.size());
+  }
+
+ private:
+  CsvOptions opts_;
+  detail::InputFile file_;
+  CsvLayout layout_;
+  std::uint64_t limit_ = 0, begin_ = 0, unit_bytes_ = 1, units_ = 1;
+  Table header_;
+};
+
 }  // namespace
+
+std::unique_ptr<UnitSource> open_csv_units(const mpi::Comm& comm, const CsvOptions& opts,
+                                           std::uint64_t unit_bytes) {
+  std::optional<detail::InputFile> file;
+  CsvLayout layout;
+  mpi::agree_on(comm, [&] {
+    file.emplace(opts.path);
+    layout = read_layout(*file, opts);
+  });
+  // Rank 0's size ends the last unit, so every rank cuts the same units.
+  std::uint64_t limit = file->size();
+  comm.bcast(std::span<std::uint64_t>(&limit, 1));
+  return std::make_unique<CsvUnits>(opts, std::move(*file), std::move(layout), limit, unit_bytes);
+}
 
 Table read_csv(const mpi::Comm& comm, const CsvOptions& opts) {
   std::optional<detail::InputFile> file;
@@ -337,11 +422,7 @@ Table read_csv(const mpi::Comm& comm, const CsvOptions& opts) {
   });
   const std::int64_t total = comm.allreduce<std::int64_t>(t.rows(), MPI_SUM);
   mpi::agree_on(comm, [&] {
-    if (total == 0) {
-      throw DataError(fmt::format("'{}' has no data rows: only the header line ({} columns); "
-                                  "a CSV needs at least one data row after the header",
-                                  opts.path, layout.names.size()));
-    }
+    if (total == 0) throw_no_rows(opts.path, layout.names.size());
   });
   return t;
 }

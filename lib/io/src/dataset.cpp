@@ -197,18 +197,50 @@ void Dataset::transfer(bool write, std::uint64_t first_row, std::size_t elements
   const std::uint64_t width = row_width();
   LOCUS_ASSERT(elements % width == 0,
                fmt::format("{} elements is not a whole number of {}-wide rows", elements, width));
+  const RowRange range{first_row, elements / width};
+  transfer(write, std::span<const RowRange>(&range, 1), elements, memtype, data);
+}
+
+void Dataset::transfer(bool write, std::span<const RowRange> ranges, std::size_t elements,
+                       Dtype memtype, void* data) {
+  const std::uint64_t width = row_width();
+  LOCUS_ASSERT(elements % width == 0,
+               fmt::format("{} elements is not a whole number of {}-wide rows", elements, width));
   const std::uint64_t nrows = elements / width;
-  if (first_row + nrows > rows_) {
-    throw InternalError(fmt::format("{} rows [{}, {}) of dataset '{}' which has {} rows",
-                                    write ? "writing" : "reading", first_row, first_row + nrows,
-                                    name_, rows_));
+  std::uint64_t listed = 0, prev_end = 0;
+  for (const RowRange& r : ranges) {
+    if (r.end() > rows_ || r.begin < prev_end) {
+      throw InternalError(fmt::format("{} rows [{}, {}) of dataset '{}' which has {} rows{}",
+                                      write ? "writing" : "reading", r.begin, r.end(), name_,
+                                      rows_, r.begin < prev_end ? ", below the previous range" : ""));
+    }
+    if (r.count > 0) prev_end = r.end();
+    listed += r.count;
   }
+  LOCUS_ASSERT(listed == nrows, fmt::format("{} rows in the ranges but {} in the buffer",
+                                            listed, nrows));
   const std::size_t esize = dtype_size(memtype);
   const std::uint64_t piece_rows =
       std::max<std::uint64_t>(1, g_max_piece_bytes / (width * esize));
-  const std::uint64_t my_pieces = (nrows + piece_rows - 1) / piece_rows;
+  // The pieces, in rounds: each is one contiguous file row range of at most piece_rows rows
+  // (one round per range, more for a range beyond the piece size). A single write of the union
+  // of a rank's ranges was measured 3x slower than rounds of contiguous ones (HDF5 1.10 and
+  // OMPIO here: 1.5-1.7 s against 0.5-0.6 s for 188 MB in 22 ranges per rank).
+  struct Piece {
+    std::uint64_t r0 = 0;  // first buffer row
+    RowRange file;
+  };
+  std::vector<Piece> plan;
+  for (std::uint64_t r0 = 0; const RowRange& r : ranges) {
+    for (std::uint64_t done = 0; done < r.count;) {
+      const std::uint64_t take = std::min(r.count - done, piece_rows);
+      plan.push_back({r0, {r.begin + done, take}});
+      done += take;
+      r0 += take;
+    }
+  }
   // Every rank must join every collective piece, including ranks with nothing left to move.
-  const std::uint64_t pieces = comm_.allreduce(my_pieces, MPI_MAX);
+  const std::uint64_t pieces = comm_.allreduce(static_cast<std::uint64_t>(plan.size()), MPI_MAX);
 
   Id dxpl(LOCUS_H5_CHECK(H5Pcreate(H5P_DATASET_XFER)));
   LOCUS_H5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE));
@@ -216,16 +248,16 @@ void Dataset::transfer(bool write, std::uint64_t first_row, std::size_t elements
   const int rank = cols_ == 0 ? 1 : 2;
   auto* bytes = static_cast<unsigned char*>(data);
   for (std::uint64_t p = 0; p < pieces; ++p) {
-    const std::uint64_t r0 = std::min(nrows, p * piece_rows);
-    const std::uint64_t n = std::min(nrows, r0 + piece_rows) - r0;
-    std::array<hsize_t, 2> start{first_row + r0, 0};
-    std::array<hsize_t, 2> count{n, cols_};
+    const Piece piece = p < plan.size() ? plan[p] : Piece{};
+    const std::uint64_t r0 = piece.r0, n = piece.file.count;
     std::array<hsize_t, 2> mdims{std::max<hsize_t>(n, 1), cols_};
     Id memspace(LOCUS_H5_CHECK(H5Screate_simple(rank, mdims.data(), nullptr)));
     if (n == 0) {
       LOCUS_H5_CHECK(H5Sselect_none(filespace.get()));
       LOCUS_H5_CHECK(H5Sselect_none(memspace.get()));
     } else {
+      std::array<hsize_t, 2> start{piece.file.begin, 0};
+      std::array<hsize_t, 2> count{n, cols_};
       LOCUS_H5_CHECK(H5Sselect_hyperslab(filespace.get(), H5S_SELECT_SET, start.data(), nullptr,
                                          count.data(), nullptr));
     }

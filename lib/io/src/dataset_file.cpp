@@ -51,19 +51,30 @@ void write_attributes(h5::File& file, const DatasetMeta& m) {
   h5::write_attr(root, "committed_rows", m.rows);
 }
 
-void write_local_rows(h5::File& file, const Table& local, std::uint64_t first_row,
+void write_local_rows(h5::File& file, const Table& local, std::span<const h5::RowRange> rows,
                       bool has_labels) {
   h5::Dataset features = h5::Dataset::open(file, "/features");
-  features.write_rows<float>(first_row, local.features);
+  features.write_row_ranges<float>(rows, local.features);
   if (has_labels) {
     h5::Dataset labels = h5::Dataset::open(file, "/labels");
-    labels.write_rows<std::int32_t>(first_row, local.labels);
+    labels.write_row_ranges<std::int32_t>(rows, local.labels);
   }
+}
+
+h5::RowRange all_rows_at(const Table& local, std::uint64_t first_row) {
+  return {first_row, static_cast<std::uint64_t>(local.rows())};
 }
 
 }  // namespace
 
 void write_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
+                   std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows) {
+  const h5::RowRange rows = all_rows_at(local, first_row);
+  write_dataset(file, local, std::span<const h5::RowRange>(&rows, 1), total_rows, meta,
+                chunk_rows);
+}
+
+void write_dataset(h5::File& file, const Table& local, std::span<const h5::RowRange> rows,
                    std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows) {
   const auto cols = static_cast<std::uint64_t>(meta.cols);
   h5::Dataset::create(file, {.name = "/features", .dtype = h5::Dtype::f32, .rows = total_rows,
@@ -73,18 +84,24 @@ void write_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
     h5::Dataset::create(file, {.name = "/labels", .dtype = h5::Dtype::i32, .rows = total_rows,
                                .chunk_rows = chunk_rows, .extendible = true});
   }
-  write_local_rows(file, local, first_row, meta.has_labels);
+  write_local_rows(file, local, rows, meta.has_labels);
   write_attributes(file, meta);
 }
 
 void append_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
+                    std::uint64_t total_rows, const DatasetMeta& meta) {
+  const h5::RowRange rows = all_rows_at(local, first_row);
+  append_dataset(file, local, std::span<const h5::RowRange>(&rows, 1), total_rows, meta);
+}
+
+void append_dataset(h5::File& file, const Table& local, std::span<const h5::RowRange> rows,
                     std::uint64_t total_rows, const DatasetMeta& meta) {
   {
     h5::Dataset features = h5::Dataset::open(file, "/features");
     features.resize(total_rows);
     if (meta.has_labels) h5::Dataset::open(file, "/labels").resize(total_rows);
   }
-  write_local_rows(file, local, first_row, meta.has_labels);
+  write_local_rows(file, local, rows, meta.has_labels);
   write_attributes(file, meta);
 }
 

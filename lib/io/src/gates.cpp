@@ -43,11 +43,22 @@ struct Located {
   std::int64_t payload = 0;
 };
 
+// The global index of a local row: offset + row for a contiguous block, else through the runs
+// (ascending in both local and global order, so the first local row maps to the first global).
+std::int64_t global_row(std::int64_t offset, std::span<const RowRun> runs, std::int64_t row) {
+  if (runs.empty()) return offset + row;
+  const auto after = std::upper_bound(runs.begin(), runs.end(), row,
+                                      [](std::int64_t r, const RowRun& run) { return r < run.local; });
+  LOCUS_ASSERT(after != runs.begin(), fmt::format("local row {} precedes the first run", row));
+  const RowRun& run = *(after - 1);
+  return run.global + (row - run.local);
+}
+
 // Collective over comm. local_row is this rank's first flagged row (or -1); offset the global
-// index of this rank's first row.
-Located locate_first(const mpi::Comm& comm, std::int64_t offset, std::int64_t local_row,
-                     std::int64_t payload) {
-  const std::int64_t mine = local_row >= 0 ? offset + local_row : kNone;
+// index of this rank's first row (or runs, when its rows are not one block).
+Located locate_first(const mpi::Comm& comm, std::int64_t offset, std::span<const RowRun> runs,
+                     std::int64_t local_row, std::int64_t payload) {
+  const std::int64_t mine = local_row >= 0 ? global_row(offset, runs, local_row) : kNone;
   const std::int64_t first = comm.allreduce(mine, MPI_MIN);
   if (first == kNone) return {};
   const std::int64_t owned =
@@ -64,6 +75,7 @@ struct Context {
   const ReferenceStats* ref;
   const Histogram* ref_hist;
   std::int64_t rows = 0, cols = 0, offset = 0;
+  std::span<const RowRun> runs;
   bool labelled = false;
 };
 
@@ -160,7 +172,7 @@ void label_rule(const Context& c, std::vector<RuleResult>& out) {
   }
   c.comm.allreduce_inplace(std::span<std::int64_t>(range, 2), MPI_MIN);
   bad = c.comm.allreduce(bad, MPI_SUM);
-  const Located at = locate_first(c.comm, c.offset, first_bad, first_label);
+  const Located at = locate_first(c.comm, c.offset, c.runs, first_bad, first_label);
   if (c.rows == 0) {
     out.push_back({"label_range", true, kNaN, limit, "no rows, hence no labels to check"});
   } else if (bad == 0) {
@@ -185,7 +197,7 @@ void nonfinite_rule(const Context& c, std::int64_t dropped, GateReport& report) 
     if (remaining++ == 0) first_row = static_cast<std::int64_t>(r), first_feature = it - row;
   }
   remaining = c.comm.allreduce(remaining, MPI_SUM);
-  const Located at = locate_first(c.comm, c.offset, first_row, first_feature);
+  const Located at = locate_first(c.comm, c.offset, c.runs, first_row, first_feature);
   report.dropped_rows = dropped;
   report.nonfinite_rows = dropped + remaining;
   const bool passed = c.cfg.drop_nonfinite ? remaining == 0 : report.nonfinite_rows == 0;
@@ -315,11 +327,13 @@ double population_stability_index(const std::int64_t* current, const std::int64_
 
 GateReport evaluate_gates(const mpi::Comm& comm, const Table& local, const GateConfig& cfg,
                           const FeatureStats& stats, const ReferenceStats* ref,
-                          const Histogram* ref_hist, std::int64_t dropped_rows) {
+                          const Histogram* ref_hist, std::int64_t dropped_rows,
+                          std::span<const RowRun> runs) {
   Context c{comm, local, cfg, stats, ref, ref_hist};
   c.cols = global_cols(comm, local);
   c.rows = comm.allreduce(local.rows(), MPI_SUM);
   c.offset = comm.exscan_sum(local.rows());
+  c.runs = runs;
   // Labelled when every rank with rows has labels (and, with no rows at all, when any rank
   // says so): MIN-reduce of (labels where rows exist, -has_labels).
   const bool has = local.has_labels;
@@ -347,7 +361,9 @@ bool GateReport::passed() const {
   return std::all_of(rules.begin(), rules.end(), [](const RuleResult& r) { return r.passed; });
 }
 
-std::string GateReport::to_json(int indent) const {
+std::string GateReport::to_json(int indent) const { return dump_json(json(), indent); }
+
+Json GateReport::json() const {
   Json failed = Json::array(), rule_list = Json::array();
   for (const RuleResult& r : rules) {
     if (!r.passed) failed.push_back(r.rule);
@@ -363,7 +379,7 @@ std::string GateReport::to_json(int indent) const {
   j["reference"] = reference.empty() ? Json(nullptr) : Json(reference);
   j["failed"] = std::move(failed);
   j["rules"] = std::move(rule_list);
-  return dump_json(j, indent);
+  return j;
 }
 
 std::string GateReport::summary() const {

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -18,6 +19,7 @@
 #include <fmt/ranges.h>
 
 #include "locus/comm/agree.hpp"
+#include "locus/io/unit_source.hpp"
 #include "source_file.hpp"
 
 namespace locus::io {
@@ -286,27 +288,34 @@ void check_plain_size(const IdxStream& s, const IdxHeader& h) {
   }
 }
 
-// Reads and decodes records [r.begin, r.end) into out (resized to r.count() * record_elems).
+// Reads and decodes records [r.begin, r.end), appending them to out (r.count() *
+// record_elems values). Calls keep_going (when given) after every chunk of about 1 MiB and
+// returns false, leaving out partly filled, when it says stop.
 template <class T>
-void read_records(IdxStream& s, const IdxHeader& h, detail::Range r, std::vector<T>& out) {
+bool read_records(IdxStream& s, const IdxHeader& h, detail::Range r, std::vector<T>& out,
+                  const std::function<bool()>* keep_going = nullptr) {
   const std::string what =
       fmt::format("shape {} of {}-byte elements", shape_text(h.dims), h.elem_size);
   s.skip_to(h.header_bytes + r.begin * h.record_bytes(), what);
   const std::uint64_t total = r.count() * h.record_elems;
   // A gzip file's header is not checked against a size: grow with the data actually read, so
   // a header claiming more than the stream holds fails as truncated instead of allocating it.
-  out.clear();
-  if (!s.gzip()) out.reserve(total);
+  // (Reserved once, for a first read into an empty vector: reserving per appended unit would
+  // reallocate every time.)
+  if (!s.gzip() && out.empty()) out.reserve(total);
   const std::size_t chunk_elems = std::max<std::size_t>(1, kChunk / h.elem_size);
   std::vector<unsigned char> buf(std::min<std::uint64_t>(chunk_elems, total) * h.elem_size);
+  const std::size_t base = out.size();
   for (std::uint64_t done = 0; done < total;) {
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_elems, total - done));
     if (s.read(buf.data(), n * h.elem_size) != n * h.elem_size)
       s.throw_short(h.total_bytes(), what);
-    out.resize(done + n);
-    decode(h.dtype, buf.data(), n, out.data() + done);
+    out.resize(base + done + n);
+    decode(h.dtype, buf.data(), n, out.data() + base + done);
     done += n;
+    if (keep_going != nullptr && done < total && !(*keep_going)()) return false;
   }
+  return true;
 }
 
 IdxHeader open_labels(IdxStream& s, const IdxHeader& images, const std::string& images_path) {
@@ -362,7 +371,90 @@ Table read_local(int size, int rank, const IdxOptions& opts) {
   return t;
 }
 
+// Records in units of a fixed size, each rank reading the units it is handed.
+class IdxUnits final : public UnitSource {
+ public:
+  IdxUnits(const IdxOptions& opts, std::uint64_t unit_bytes) : opts_(opts) {
+    IdxStream images(opts.images);
+    ih_ = read_header(images);
+    check_plain_size(images, ih_);
+    if (!opts.labels.empty()) {
+      IdxStream labels(opts.labels);
+      lh_ = open_labels(labels, ih_, opts.images);
+    }
+    const std::uint64_t record = std::max<std::uint64_t>(ih_.record_bytes(), 1);
+    if (unit_bytes == 0) unit_bytes = auto_unit_bytes(ih_.records * record);
+    per_unit_ = std::max<std::uint64_t>(1, unit_bytes / record);
+    units_ = std::max<std::uint64_t>(1, (ih_.records + per_unit_ - 1) / per_unit_);
+    header_.cols = static_cast<std::int64_t>(ih_.record_elems);
+    header_.has_labels = lh_.has_value();
+    if (header_.has_labels) header_.label_name = "label";
+    header_.feature_names.reserve(ih_.record_elems);
+    for (std::uint64_t i = 0; i < ih_.record_elems; ++i)
+      header_.feature_names.push_back(fmt::format("pixel{}", i));
+  }
+
+  std::int64_t units() const override { return static_cast<std::int64_t>(units_); }
+  std::uint64_t unit_bytes() const override { return per_unit_ * ih_.record_bytes(); }
+  const Table& header() const override { return header_; }
+
+  UnitParse parse(std::int64_t unit, Table& t, const std::function<bool()>& keep_going) override {
+    UnitParse out;
+    const auto u = static_cast<std::uint64_t>(unit);
+    const detail::Range r{std::min(ih_.records, u * per_unit_),
+                          std::min(ih_.records, (u + 1) * per_unit_)};
+    const bool last = u + 1 == units_;
+    try {
+      if (!read_unit(images_, opts_.images, ih_, r, last, t.features, keep_going)) {
+        out.abandoned = true;
+        return out;
+      }
+      if (lh_ && !read_unit(labels_, opts_.labels, *lh_, r, last, t.labels, keep_going))
+        out.abandoned = true;
+    } catch (const Error& e) {
+      out.error = UnitError{e.kind(), e.what()};
+    } catch (const std::exception& e) {
+      out.error = UnitError{ErrorKind::internal, e.what()};
+    }
+    return out;
+  }
+
+  std::string describe(const UnitError& e, std::int64_t) const override { return e.message; }
+
+ private:
+  // Reads records r of one file through `stream`, opened on first use and reopened when r lies
+  // before its position (gzip only moves forward).
+  template <class T>
+  static bool read_unit(std::optional<IdxStream>& stream, const std::string& path,
+                        const IdxHeader& h, detail::Range r, bool last, std::vector<T>& out,
+                        const std::function<bool()>& keep_going) {
+    if (!stream || stream->pos() > h.header_bytes + r.begin * h.record_bytes()) stream.emplace(path);
+    if (!read_records(*stream, h, r, out, &keep_going)) return false;
+    if (last) stream->expect_end(fmt::format("shape {}", shape_text(h.dims)));
+    return true;
+  }
+
+  IdxOptions opts_;
+  IdxHeader ih_;
+  std::optional<IdxHeader> lh_;
+  std::uint64_t per_unit_ = 1, units_ = 1;
+  Table header_;
+  std::optional<IdxStream> images_, labels_;
+};
+
 }  // namespace
+
+std::uint64_t auto_unit_bytes(std::uint64_t input_bytes) {
+  constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+  return std::clamp<std::uint64_t>(input_bytes / 64, kMiB, 16 * kMiB);
+}
+
+std::unique_ptr<UnitSource> open_idx_units(const mpi::Comm& comm, const IdxOptions& opts,
+                                           std::uint64_t unit_bytes) {
+  std::unique_ptr<UnitSource> src;
+  mpi::agree_on(comm, [&] { src = std::make_unique<IdxUnits>(opts, unit_bytes); });
+  return src;
+}
 
 Table read_idx(const mpi::Comm& comm, const IdxOptions& opts) {
   Table t;

@@ -1,10 +1,12 @@
-// The ingest pipeline: parse shares → non-finite policy → stats → gates → publish.
+// The ingest pipeline: parse units (dynamic, speculative) → gates → histogram, normalization →
+// one collective write per rank of the units it won → publish.
 #include "locus/io/ingest.hpp"
 
 #include <sys/stat.h>
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -13,8 +15,11 @@
 #include "locus/comm/test_hook.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/config.hpp"
+#include "ingest_units.hpp"
 #include "locus/io/checksum.hpp"
+#include "locus/io/json.hpp"
 #include "locus/io/publish.hpp"
+#include "locus/io/unit_source.hpp"
 
 namespace locus::io {
 
@@ -51,18 +56,34 @@ void check_options(const mpi::Comm& comm, const IngestOptions& o, bool output_ex
   }
 }
 
-Table read_input(const mpi::Comm& comm, const IngestOptions& o) {
-  if (o.source == IngestOptions::Source::csv) return read_csv(comm, o.csv);
-  return read_idx(comm, o.idx);
+std::unique_ptr<UnitSource> open_units(const mpi::Comm& comm, const IngestOptions& o) {
+  if (o.source == IngestOptions::Source::csv) return open_csv_units(comm, o.csv, o.unit_bytes);
+  return open_idx_units(comm, o.idx, o.unit_bytes);
 }
 
-void write_report(const mpi::Comm& comm, const std::string& path, const GateReport& report) {
+Json schedule_json(const IngestSchedule& s) {
+  Json ranks = Json::array();
+  for (std::size_t r = 0; r < s.per_rank.size(); ++r) {
+    const IngestRankStats& x = s.per_rank[r];
+    ranks.push_back(Json{{"rank", r}, {"claimed", x.claimed}, {"reruns", x.reruns},
+                         {"won", x.won}, {"rerun_wins", x.rerun_wins},
+                         {"abandoned", x.abandoned}, {"rows", x.rows}, {"seconds", x.seconds}});
+  }
+  return Json{{"kind", s.schedule == comm::Schedule::dynamic ? "dynamic" : "static"},
+              {"speculation", s.speculate}, {"units", s.units}, {"unit_bytes", s.unit_bytes},
+              {"per_rank", std::move(ranks)}};
+}
+
+void write_report(const mpi::Comm& comm, const std::string& path, const GateReport& report,
+                  const IngestSchedule& schedule) {
   mpi::agree_on(comm, [&] {
     if (!comm.is_root()) return;
     const std::string tmp = path + ".tmp";
     {
+      Json j = report.json();
+      j["schedule"] = schedule_json(schedule);
       std::ofstream out(tmp);
-      out << report.to_json(2) << "\n";
+      out << dump_json(j, 2) << "\n";
       if (!out) throw IoError(fmt::format("cannot write the gate report '{}'", path));
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
@@ -101,6 +122,10 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     ref = reference_stats(ref_meta, opts.reference);
   }
 
+  GateConfig gates = opts.gates;
+  if (!gates.num_classes && opts.num_classes > 0) gates.num_classes = opts.num_classes;
+  if (opts.append && !gates.features) gates.features = existing.cols;
+
   double t0 = MPI_Wtime();
   std::vector<SourceFile> sources;
   for (const auto& p : input_paths(opts)) {
@@ -108,23 +133,39 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     sources.push_back(checksum_file(comm, p));
   }
   for (const auto& s : sources) res.input_bytes += s.bytes;
-  comm::progress("reading and parsing {}", fmt::join(input_paths(opts), ", "));
-  Table table = read_input(comm, opts);
+  // Units handed out dynamically; non-finite rows dropped and statistics taken per unit.
+  detail::ParsedUnits parsed;
+  {
+    comm::progress("reading and parsing {}", fmt::join(input_paths(opts), ", "));
+    const std::unique_ptr<UnitSource> units = open_units(comm, opts);
+    // The work queue keeps 32 bytes per unit on rank 0 and the ranks exchange 24: bounded.
+    constexpr std::int64_t kMaxUnits = std::int64_t{1} << 22;
+    if (units->units() > kMaxUnits) {
+      throw_error(ErrorKind::config,
+                  fmt::format("ingest.unit_bytes = {} cuts {} into {} units, more than the {} "
+                              "allowed: raise ingest.unit_bytes (0 picks 1-16 MiB)",
+                              opts.unit_bytes, fmt::join(input_paths(opts), ", "), units->units(),
+                              kMaxUnits),
+                  /*agreed=*/true);  // every rank cut the same units
+    }
+    parsed = detail::parse_units(comm, *units, {.schedule = opts.schedule,
+                                                .speculate = opts.speculate,
+                                                .drop_nonfinite = gates.drop_nonfinite});
+  }
+  Table& table = parsed.table;
+  const FeatureStats& stats = parsed.stats;
+  res.schedule = parsed.schedule;
   res.seconds_parse = MPI_Wtime() - t0;
 
   t0 = MPI_Wtime();
-  GateConfig gates = opts.gates;
-  if (!gates.num_classes && opts.num_classes > 0) gates.num_classes = opts.num_classes;
-  if (opts.append && !gates.features) gates.features = existing.cols;
-  comm::progress("statistics and quality gates (all-reduces)");
-  const std::int64_t dropped = handle_nonfinite(comm, table, gates.drop_nonfinite);
-  const FeatureStats stats = compute_stats(comm, table);
+  comm::progress("quality gates (all-reduces)");
   res.report = evaluate_gates(comm, table, gates, stats, have_ref ? &ref : nullptr,
-                              have_ref ? &ref_meta.histogram : nullptr, dropped);
+                              have_ref ? &ref_meta.histogram : nullptr, parsed.dropped,
+                              parsed.runs);
   res.seconds_gates = MPI_Wtime() - t0;
   std::string report_path = opts.report;
   if (report_path.empty()) report_path = (opts.output.empty() ? "ingest" : opts.output) + ".gates.json";
-  write_report(comm, report_path, res.report);
+  write_report(comm, report_path, res.report, res.schedule);
   if (!res.report.passed()) {
     GateError e(fmt::format("quality gates failed for {}; nothing was published (report: {}):\n{}",
                             fmt::join(input_paths(opts), ", "), report_path,
@@ -137,7 +178,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
                                 opts.output, existing.has_labels ? "has" : "has no",
                                 table.has_labels ? "has them" : "has none"));
   }
-  res.rows_added = comm.allreduce(table.rows(), MPI_SUM);
+  res.rows_added = parsed.rows;
   if (opts.validate_only) return res;
 
   t0 = MPI_Wtime();
@@ -166,9 +207,9 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   meta.provenance.config = opts.effective_config;
   apply_normalization(table, meta.normalization);
 
-  const auto first_row =
-      static_cast<std::uint64_t>(comm.exscan_sum(table.rows())) +
-      static_cast<std::uint64_t>(opts.append ? existing.rows : 0);
+  // Each rank's units, ascending (adjacent ones merged); written in rounds of collective writes.
+  std::vector<h5::RowRange> rows = parsed.file_rows;
+  for (h5::RowRange& r : rows) r.begin += static_cast<std::uint64_t>(opts.append ? existing.rows : 0);
   comm::progress("creating dataset {}", opts.output);
   Publication pub(comm, opts.output);
   // An append works on a copy, so a crash at any point leaves the original untouched.
@@ -182,9 +223,9 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     comm::progress("collective write of dataset {}", opts.output);
     test_hook("ingest-before-write");  // a rank dies or stalls as its peers write collectively
     if (opts.append) {
-      append_dataset(file, table, first_row, static_cast<std::uint64_t>(meta.rows), meta);
+      append_dataset(file, table, rows, static_cast<std::uint64_t>(meta.rows), meta);
     } else {
-      write_dataset(file, table, first_row, static_cast<std::uint64_t>(meta.rows), meta,
+      write_dataset(file, table, rows, static_cast<std::uint64_t>(meta.rows), meta,
                     opts.chunk_rows);
     }
     test_hook("ingest-before-close");

@@ -94,18 +94,16 @@ struct OpTraits {
   static void close(MPI_Op op) noexcept { MPI_Op_free(&op); }
 };
 
-// Two-pass moments of this rank's rows: the mean first, then squared deviations from it, which
+// Two-pass moments of rows x[0 .. rows*d): the mean first, then squared deviations from it, which
 // stays accurate for features with a large offset and a small spread.
-FeatureStats local_moments(const Table& t, std::size_t d) {
+FeatureStats moments(const float* x, std::size_t rows, std::size_t d) {
   FeatureStats s;
-  s.count = t.rows();
+  s.count = static_cast<std::int64_t>(rows);
   s.mean.assign(d, 0.0);
   s.m2.assign(d, 0.0);
   s.min.assign(d, kInf);
   s.max.assign(d, -kInf);
   if (s.count == 0) return s;
-  const std::size_t rows = static_cast<std::size_t>(s.count);
-  const float* x = t.features.data();
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t f = 0; f < d; ++f) {
       const double v = x[r * d + f];
@@ -151,7 +149,8 @@ std::int64_t global_cols(const mpi::Comm& comm, const Table& local) {
 FeatureStats compute_stats(const mpi::Comm& comm, const Table& local) {
   // A rank without rows contributes the identity for all d features (local.cols may be 0).
   const auto d = static_cast<std::size_t>(global_cols(comm, local));
-  std::vector<double> packed = pack(local_moments(local, d));
+  std::vector<double> packed =
+      pack(moments(local.features.data(), static_cast<std::size_t>(local.rows()), d));
 
   // One contiguous element per rank, so the op sees whole records and d travels in the type.
   MPI_Datatype t = MPI_DATATYPE_NULL;
@@ -177,6 +176,76 @@ FeatureStats merge(const FeatureStats& a, const FeatureStats& b) {
   std::vector<double> out(pa.size());
   merge_packed(pa.data(), pb.data(), out.data(), a.cols());
   return unpack(out, a.cols());
+}
+
+FeatureStats row_stats(std::span<const float> x, std::size_t d) {
+  LOCUS_ASSERT(d > 0 || x.empty(), "row_stats of features without columns");
+  return moments(x.data(), d == 0 ? 0 : x.size() / d, d);
+}
+
+namespace {
+
+// A unit's record in the per-unit exchange: [present, count, mean[d], m2[d], min[d], max[d]].
+// Exactly one rank marks a unit present; pick_op keeps that rank's record.
+void pick_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  int bytes = 0;
+  MPI_Type_size(*type, &bytes);
+  const std::size_t n = static_cast<std::size_t>(bytes) / sizeof(double);
+  auto* a = static_cast<const double*>(in);
+  auto* b = static_cast<double*>(inout);
+  for (int i = 0; i < *len; ++i, a += n, b += n)
+    if (a[0] != 0) std::copy(a, a + n, b);
+}
+
+}  // namespace
+
+FeatureStats merge_in_unit_order(const mpi::Comm& comm, std::int64_t units, std::size_t d,
+                                 std::span<const UnitStats> mine) {
+  FeatureStats total;
+  total.mean.assign(d, 0.0);
+  total.m2.assign(d, 0.0);
+  total.min.assign(d, kInf);
+  total.max.assign(d, -kInf);
+  std::vector<double> acc = pack(total);
+  const std::size_t rec = 1 + packed_size(d);
+  // Units travel in blocks of about 16 MiB, so memory does not grow with the unit count.
+  const auto block =
+      static_cast<std::int64_t>(std::max<std::size_t>(1, (std::size_t{16} << 20) / (rec * 8)));
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  LOCUS_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(rec), MPI_DOUBLE, &t));
+  Handle<TypeTraits> type(t);
+  LOCUS_MPI_CHECK(MPI_Type_commit(&t));
+  MPI_Op o = MPI_OP_NULL;
+  LOCUS_MPI_CHECK(MPI_Op_create(&pick_op, /*commute=*/1, &o));
+  Handle<OpTraits> op(o);
+  std::vector<double> buf, merged(acc.size());
+  std::size_t next = 0;  // the first entry of `mine` not yet sent
+  for (std::int64_t first = 0; first < units; first += block) {
+    const std::int64_t n = std::min(block, units - first);
+    buf.assign(static_cast<std::size_t>(n) * rec, 0.0);
+    for (; next < mine.size() && mine[next].unit < first + n; ++next) {
+      const UnitStats& u = mine[next];
+      LOCUS_ASSERT(u.unit >= first && u.stats.cols() == d,
+                   fmt::format("unit {} out of order or of {} features, not {}", u.unit,
+                               u.stats.cols(), d));
+      const std::vector<double> p = pack(u.stats);
+      double* r = buf.data() + static_cast<std::size_t>(u.unit - first) * rec;
+      r[0] = 1;
+      std::copy(p.begin(), p.end(), r + 1);
+    }
+    LOCUS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), type.get(),
+                                  op.get(), comm.get()));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double* r = buf.data() + static_cast<std::size_t>(i) * rec;
+      if (r[0] == 0) {
+        throw InternalError(fmt::format("no rank holds the statistics of unit {} of {}",
+                                        first + i, units));
+      }
+      merge_packed(acc.data(), r + 1, merged.data(), d);
+      acc.swap(merged);
+    }
+  }
+  return unpack(acc, d);
 }
 
 namespace {
@@ -299,29 +368,33 @@ std::string_view to_string(Normalization n) noexcept {
   return "none";
 }
 
-std::int64_t handle_nonfinite(const mpi::Comm& comm, Table& local, bool drop) {
-  const auto rows = static_cast<std::size_t>(local.rows());
-  const auto d = static_cast<std::size_t>(local.cols);
+std::int64_t nonfinite_rows(Table& t, std::int64_t from_row, bool drop) {
+  const auto rows = static_cast<std::size_t>(t.rows());
+  const auto d = static_cast<std::size_t>(t.cols);
   std::int64_t bad = 0;
-  std::size_t kept = 0;  // rows compacted to the front when dropping
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float* row = local.features.data() + r * d;
+  auto kept = static_cast<std::size_t>(from_row);  // rows compacted to the front when dropping
+  for (std::size_t r = kept; r < rows; ++r) {
+    const float* row = t.features.data() + r * d;
     const bool finite = std::all_of(row, row + d, [](float v) { return std::isfinite(v); });
     if (!finite) {
       ++bad;
       continue;
     }
     if (drop && kept != r) {
-      std::copy(row, row + d, local.features.begin() + static_cast<std::ptrdiff_t>(kept * d));
-      if (local.has_labels) local.labels[kept] = local.labels[r];
+      std::copy(row, row + d, t.features.begin() + static_cast<std::ptrdiff_t>(kept * d));
+      if (t.has_labels) t.labels[kept] = t.labels[r];
     }
     ++kept;
   }
   if (drop && bad > 0) {
-    local.features.resize(kept * d);
-    if (local.has_labels) local.labels.resize(kept);
+    t.features.resize(kept * d);
+    if (t.has_labels) t.labels.resize(kept);
   }
-  return comm.allreduce(bad, MPI_SUM);
+  return bad;
+}
+
+std::int64_t handle_nonfinite(const mpi::Comm& comm, Table& local, bool drop) {
+  return comm.allreduce(nonfinite_rows(local, 0, drop), MPI_SUM);
 }
 
 }  // namespace locus::io

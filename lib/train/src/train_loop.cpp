@@ -62,7 +62,7 @@ bool Trainer::Impl::step(const LoadedBatch& b) {
                fmt::format("the loader handed out batch (epoch {}, step {}) where the trainer "
                            "expected (epoch {}, step {})",
                            b.epoch, b.step, state.epoch, state.step_in_epoch));
-  test_hook("train-step");  // e.g. train-step:slow50@1, a straggler for the tests
+  test_hook("train-step");  // e.g. train-step:delay50@1, a straggler for the tests
   comm::progress("forward and backward of step {}", state.step + 1);
   compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
                             static_cast<double>(b.global_rows), on_grads_ready);

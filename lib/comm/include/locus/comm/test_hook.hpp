@@ -1,9 +1,14 @@
 // Fault-injection points for tests. `LOCUS_TEST_HOOK=<point>:<action>[@rank]` makes the
 // process act at the named point: `kill` (SIGKILL itself), `exit` (_Exit(9)), `sleep<N>`
-// (pause N seconds) or `slow<N>` (pause N milliseconds, every time the point is reached:
-// a rank made slower, for the straggler detector; announced once). Other actions are for the
-// code at the point to interpret (test_hook_action). Without the variable a hook costs one
-// getenv at first use.
+// (pause N seconds) or `delay<MS>` (pause MS milliseconds every time the point is reached:
+// a rank made slower, for the straggler detector; announced once). Other actions are for
+// the code at the point to interpret (test_hook_action, test_hook_slowdown). Without the
+// variable a hook costs one getenv.
+//
+// Slow-down points (test_hook_slowdown) make the caller slower at each occurrence:
+// `slow<F>` (F times slower: the caller waits F - 1 times the work it just did, as a slower
+// node would) or `delay<MS>` (MS milliseconds more per occurrence), e.g.
+// `LOCUS_TEST_HOOK=ingest-unit:slow4@1` makes world rank 1 parse each ingest unit 4x slower.
 #pragma once
 
 #include <string>
@@ -19,5 +24,15 @@ std::string test_hook_action(const std::string& point);
 
 // Whether LOCUS_TEST_HOOK is set at all: lets a hot loop skip building point names.
 bool test_hooks_enabled() noexcept;
+
+// How much slower this rank is to be at `point`: factor >= 1 (slow<F>) and extra_ms >= 0
+// (delay<MS>); {1, 0} when LOCUS_TEST_HOOK does not name the point and this rank. The caller
+// does the waiting (so it can stop waiting when the work turns out to be moot).
+struct SlowDown {
+  double factor = 1.0;
+  double extra_ms = 0.0;
+  bool active() const noexcept { return factor > 1.0 || extra_ms > 0.0; }
+};
+SlowDown test_hook_slowdown(const char* point);
 
 }  // namespace locus

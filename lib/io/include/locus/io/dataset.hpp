@@ -1,5 +1,5 @@
 // Row-partitioned 1-D/2-D HDF5 datasets with collective hyperslab I/O: every rank reads or
-// writes its own contiguous row range in one collective transfer.
+// writes its own contiguous row range in one collective transfer (or several ranges in rounds).
 #pragma once
 
 #include <cstdint>
@@ -83,6 +83,16 @@ class Dataset {
   template <class T> void read_rows(std::uint64_t first_row, std::span<T> out) {
     transfer(false, first_row, out.size(), dtype_of<T>(), out.data());
   }
+  // Collective over the file's communicator: each rank writes its rows as several ranges, in
+  // rounds of collective transfers, one contiguous range per rank per round (ranks with fewer
+  // ranges join the later rounds with an empty selection; a range beyond MPI-IO's limit takes
+  // several). `ranges` must be ascending and disjoint (across ranks every row is written by one
+  // rank), and `data` holds their rows back to back in that order: data.size() = total rows ×
+  // row_width().
+  template <class T> void write_row_ranges(std::span<const RowRange> ranges,
+                                           std::span<const T> data) {
+    transfer(true, ranges, data.size(), dtype_of<T>(), const_cast<T*>(data.data()));
+  }
 
   // Collective: grows (or shrinks) an extendible dataset to new_rows.
   void resize(std::uint64_t new_rows);
@@ -96,6 +106,8 @@ class Dataset {
   Dataset(const mpi::Comm& comm, Id id, std::string name);
   void transfer(bool write, std::uint64_t first_row, std::size_t elements, Dtype memtype,
                 void* data);
+  void transfer(bool write, std::span<const RowRange> ranges, std::size_t elements,
+                Dtype memtype, void* data);
 
   mpi::Comm comm_;  // borrowed view of the owning File's communicator
   Id id_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,11 +45,18 @@ struct DatasetMeta {
 // last. All ranks pass the same meta.
 void write_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
                    std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows = 0);
+// The same, with this rank's rows at several ascending file row ranges (`local` holds them back
+// to back in that order): one collective write of a union of hyperslabs (Dataset::
+// write_row_ranges). locus-ingest writes the units each rank won this way.
+void write_dataset(h5::File& file, const Table& local, std::span<const h5::RowRange> rows,
+                   std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows = 0);
 
 // Collective over file.comm(): grows the datasets by the rows of every rank's `local`, writes
 // this rank's rows at `first_row` (≥ the old committed_rows), then the new attributes with
 // committed_rows last.
 void append_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
+                    std::uint64_t total_rows, const DatasetMeta& meta);
+void append_dataset(h5::File& file, const Table& local, std::span<const h5::RowRange> rows,
                     std::uint64_t total_rows, const DatasetMeta& meta);
 
 // Collective: reads and validates the attributes of a locus dataset. A file that is not a

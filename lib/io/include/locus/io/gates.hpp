@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/io/json.hpp"
 #include "locus/io/stats.hpp"
 #include "locus/io/table.hpp"
 
@@ -64,9 +66,19 @@ struct GateReport {
   //  "value":0.41,"threshold":0.25,"detail":"..."}, ...]}; numbers round-trip exactly and
   // non-finite ones are null. indent > 0 pretty-prints.
   std::string to_json(int indent = 0) const;
+  // The same document, to extend (locus-ingest adds its "schedule").
+  Json json() const;
   // One line per failed rule, "gate 'max_psi' failed: feature 'pixel17' (index 17) PSI 0.41 >
   // threshold 0.25", or "all N data-quality gates passed" when none failed.
   std::string summary() const;
+};
+
+// Where a rank's rows sit in the dataset when they are not one block in rank order
+// (locus-ingest's units): local rows from `local` up to the next run's are global rows from
+// `global` on. Runs are ascending in both.
+struct RowRun {
+  std::int64_t local = 0;
+  std::int64_t global = 0;
 };
 
 // Collective over comm. Evaluates, in this order and only where configured:
@@ -74,8 +86,8 @@ struct GateReport {
 //   reference_cols  cols == ref->cols (whenever a reference is given)
 //   require_labels  the table has labels
 //   label_range     every label in [0, num_classes); value = the label of the first offending
-//                   row (global row index, rows numbered in rank order, in detail), with the
-//                   observed label range and the number of offending rows
+//                   row (global row index in detail: rows numbered in rank order, or by
+//                   `runs`), with the observed label range and the number of offending rows
 //   nonfinite       always evaluated: value = rows with NaN/Inf (dropped_rows + those still in
 //                   `local`), threshold 0; with drop_nonfinite only rows still present fail it
 //   min_rows, max_rows, rows_within_pct (ref.rows == 0: 0 % if rows == 0, else +inf)
@@ -93,7 +105,8 @@ struct GateReport {
 // a ConfigError / DataError thrown on every rank. Returns the same report on every rank.
 GateReport evaluate_gates(const mpi::Comm& comm, const Table& local, const GateConfig& cfg,
                           const FeatureStats& stats, const ReferenceStats* ref,
-                          const Histogram* ref_hist, std::int64_t dropped_rows = 0);
+                          const Histogram* ref_hist, std::int64_t dropped_rows = 0,
+                          std::span<const RowRun> runs = {});
 
 // Population stability index of two histograms of one feature (counts over the same bins),
 // with each proportion floored at eps so empty bins do not make it infinite.

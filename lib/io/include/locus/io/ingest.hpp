@@ -1,6 +1,8 @@
-// The ingest pipeline behind locus-ingest: every rank parses its own share of the input,
-// statistics are merged map-side, quality gates run before anything is written, and the
-// dataset is published atomically (or appended to a copy that replaces the original).
+// The ingest pipeline behind locus-ingest: the input is cut into units handed out dynamically
+// through lib/comm's one-sided work queue (idle ranks re-run units still in flight on slower
+// ranks; the first result wins), statistics are merged per unit in unit order, quality gates
+// run before anything is written, each rank writes the units it won in one collective write,
+// and the dataset is published atomically (or appended to a copy that replaces the original).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/comm/work_queue.hpp"
 #include "locus/io/csv.hpp"
 #include "locus/io/dataset_file.hpp"
 #include "locus/io/gates.hpp"
@@ -32,6 +35,31 @@ struct IngestOptions {
   bool append = false;             // add rows to an existing output
   bool overwrite = false;          // replace an existing output
   std::string effective_config;    // recorded in the provenance
+  // Units of work: about unit_bytes of input each (0: auto_unit_bytes, 1-16 MiB). The output
+  // and its statistics do not depend on the schedule, the rank count or speculation; they do
+  // depend on unit_bytes (the statistics merge per unit, in unit order).
+  std::uint64_t unit_bytes = 0;
+  comm::Schedule schedule = comm::Schedule::dynamic;  // static_blocks: rank r parses block r
+  bool speculate = true;           // idle ranks re-run units still in flight elsewhere
+};
+
+// What one rank did in the parse phase; runs are counted when started.
+struct IngestRankStats {
+  std::int64_t claimed = 0;     // fresh units taken from the queue
+  std::int64_t reruns = 0;      // speculative re-runs of units another rank was parsing
+  std::int64_t won = 0;         // units whose result this rank kept (and writes)
+  std::int64_t rerun_wins = 0;  // re-runs that finished first
+  std::int64_t abandoned = 0;   // runs dropped because another rank finished the unit first
+  std::int64_t rows = 0;        // rows of the units won
+  double seconds = 0;           // wall time of this rank's unit loop
+};
+
+struct IngestSchedule {
+  std::int64_t units = 0;
+  std::uint64_t unit_bytes = 0;
+  comm::Schedule schedule = comm::Schedule::dynamic;
+  bool speculate = true;                  // as run (false under the static schedule)
+  std::vector<IngestRankStats> per_rank;  // every rank's, on every rank
 };
 
 struct IngestResult {
@@ -41,6 +69,7 @@ struct IngestResult {
   std::uint64_t input_bytes = 0;   // bytes of the input files (as stored)
   double seconds_parse = 0, seconds_gates = 0, seconds_write = 0;
   bool published = false;
+  IngestSchedule schedule;         // who parsed which units (also in the gate report)
 };
 
 // Collective over comm. Throws GateError (agreed, after writing the JSON report) when a gate

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,25 @@ struct FeatureStats {
 // Ranks may hold 0 rows (and then may report local.cols == 0); ranks with rows must agree on
 // cols, else every rank throws the same DataError.
 FeatureStats compute_stats(const mpi::Comm& comm, const Table& local);
+
+// Local: the two-pass moments (in double) of the rows in x, d features each, row-major -- what
+// compute_stats computes per rank, here for one unit of work.
+FeatureStats row_stats(std::span<const float> x, std::size_t d);
+
+// One unit's statistics, held by the rank that won the unit.
+struct UnitStats {
+  std::int64_t unit = 0;
+  FeatureStats stats;  // d features (count 0 for a unit without rows)
+};
+
+// Collective over comm: the statistics of units 0..units-1 merged in unit order, a left fold of
+// the Chan et al. merge, each unit's statistics coming from the one rank that holds it (`mine`:
+// this rank's units, ascending). The merge order is the units', so the result has the same
+// bits whatever rank held which unit, on every rank and at every rank count (compute_stats
+// merges in rank order instead). Exchanged in blocks of about 16 MiB of unit records with a
+// commutative "take the holder's record" all-reduce. InternalError when no rank holds a unit.
+FeatureStats merge_in_unit_order(const mpi::Comm& comm, std::int64_t units, std::size_t d,
+                                 std::span<const UnitStats> mine);
 
 // Statistics of the concatenation of the rows behind a and b (used by --append). Either may be
 // empty (count == 0); otherwise their feature counts must match (DataError).
@@ -92,6 +112,10 @@ std::string_view to_string(Normalization n) noexcept;
 // Collective over comm: the number of rows, over all ranks, with at least one NaN or Inf
 // feature. With drop == true those rows (and their labels) are also removed from `local`.
 std::int64_t handle_nonfinite(const mpi::Comm& comm, Table& local, bool drop);
+
+// Local: the same for the rows of t from `from_row` on (one unit appended to a rank's table):
+// the number of them with a NaN or Inf, removed when drop is true.
+std::int64_t nonfinite_rows(Table& t, std::int64_t from_row, bool drop);
 
 // Collective over comm: the feature count every rank with rows agrees on (ranks without rows
 // may report 0). Every rank throws the same DataError when two ranks with rows disagree.

@@ -2,11 +2,12 @@
 // ranks that finish early re-run a straggler's unit, and with speculation off nobody does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <utility>
 #include <thread>
 
-#include "locus/infer/work_queue.hpp"
-#include "locus/io/dataset.hpp"
+#include "locus/comm/work_queue.hpp"
 
 using namespace locus;
 
@@ -18,7 +19,7 @@ struct Tally {
 
 // Drains the queue like the scoring loop does (without the data): claim, "compute", try to win,
 // record the write.
-Tally drain(infer::WorkQueue& q, int slow_rank = -1) {
+Tally drain(comm::WorkQueue& q, int slow_rank = -1) {
   Tally t;
   const int rank = mpi::world_rank();
   while (true) {
@@ -36,13 +37,21 @@ Tally drain(infer::WorkQueue& q, int slow_rank = -1) {
   return t;
 }
 
+// The balanced block of units rank r owns under the static schedule: the first n % size ranks
+// get one more.
+std::pair<std::int64_t, std::int64_t> static_block(std::int64_t n, int r, int size) {
+  const std::int64_t base = n / size, extra = n % size;
+  const std::int64_t begin = r * base + std::min<std::int64_t>(r, extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
 }  // namespace
 
 TEST(WorkQueue, EveryUnitIsWrittenExactlyOnce) {
   mpi::Comm world = mpi::Comm::world();
   for (bool speculate : {false, true}) {
     for (std::int64_t units : {0, 1, 7, 500}) {
-      infer::WorkQueue q(world, units, speculate);
+      comm::WorkQueue q(world, units, speculate);
       const Tally t = drain(q, world.size() - 1);
       const auto s = q.finish();
       EXPECT_EQ(s.units, units);
@@ -67,7 +76,7 @@ TEST(WorkQueue, IdleRanksRerunAStragglersUnitAndWin) {
   mpi::Comm world = mpi::Comm::world();
   if (world.size() < 2) GTEST_SKIP() << "needs a straggler and a faster rank";
   const int straggler = world.size() - 1;
-  infer::WorkQueue q(world, 20, /*speculate=*/true);
+  comm::WorkQueue q(world, 20, /*speculate=*/true);
   std::int64_t mine = -1;
   if (world.rank() == straggler) {
     const auto c = q.claim({});
@@ -99,7 +108,7 @@ TEST(WorkQueue, IdleRanksRerunAStragglersUnitAndWin) {
 TEST(WorkQueue, WithoutSpeculationTheStragglerKeepsItsUnit) {
   mpi::Comm world = mpi::Comm::world();
   const int straggler = world.size() - 1;
-  infer::WorkQueue q(world, 9, /*speculate=*/false);
+  comm::WorkQueue q(world, 9, /*speculate=*/false);
   std::int64_t mine = -1;
   if (world.rank() == straggler) mine = q.claim({}).unit;
   world.barrier();
@@ -122,7 +131,7 @@ TEST(WorkQueue, WithoutSpeculationTheStragglerKeepsItsUnit) {
 TEST(WorkQueue, StaticBlocksGiveEveryRankItsOwnBlockAndNoReruns) {
   mpi::Comm world = mpi::Comm::world();
   for (std::int64_t units : {0, 3, 50}) {
-    infer::WorkQueue q(world, units, /*speculate=*/true, 2, infer::Schedule::static_blocks);
+    comm::WorkQueue q(world, units, /*speculate=*/true, 2, comm::Schedule::static_blocks);
     EXPECT_FALSE(q.speculating()) << "the static schedule never speculates";
     const Tally t = drain(q, world.size() - 1);  // a slow rank keeps its whole block
     const auto s = q.finish();
@@ -130,10 +139,9 @@ TEST(WorkQueue, StaticBlocksGiveEveryRankItsOwnBlockAndNoReruns) {
     EXPECT_EQ(s.extra_runs, 0);
     EXPECT_EQ(t.speculative, 0);
     for (std::int64_t u = 0; u < units; ++u) {
-      const auto block = h5::partition_rows(static_cast<std::uint64_t>(units),
-                                            s.winner[static_cast<std::size_t>(u)], world.size());
-      EXPECT_TRUE(static_cast<std::uint64_t>(u) >= block.begin &&
-                  static_cast<std::uint64_t>(u) < block.end())
+      const auto [begin, end] =
+          static_block(units, s.winner[static_cast<std::size_t>(u)], world.size());
+      EXPECT_TRUE(u >= begin && u < end)
           << "unit " << u << " was scored outside its owner's block";
     }
   }

@@ -1,11 +1,11 @@
 // quiet_barrier: MPI_Ibarrier polled with sleeps.
-#include "quiet_wait.hpp"
+#include "locus/comm/quiet_wait.hpp"
 
 #include <time.h>
 
 #include "locus/comm/error.hpp"
 
-namespace locus::infer::detail {
+namespace locus::comm {
 
 void quiet_barrier(const mpi::Comm& comm) {
   if (comm.size() == 1) return;
@@ -20,4 +20,4 @@ void quiet_barrier(const mpi::Comm& comm) {
   }
 }
 
-}  // namespace locus::infer::detail
+}  // namespace locus::comm

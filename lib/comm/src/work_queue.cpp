@@ -1,6 +1,6 @@
 // The one-sided work queue: a fetch-and-add counter for fresh units, per-unit runs/winner/writes
 // for speculation and the exactly-once check, all in one window on rank 0.
-#include "locus/infer/work_queue.hpp"
+#include "locus/comm/work_queue.hpp"
 
 #include <fmt/format.h>
 
@@ -8,11 +8,10 @@
 #include <array>
 #include <exception>
 
-#include "locus/io/dataset.hpp"
+#include "locus/comm/quiet_wait.hpp"
 #include "locus/comm/watchdog.hpp"
-#include "quiet_wait.hpp"
 
-namespace locus::infer {
+namespace locus::comm {
 
 namespace {
 
@@ -28,10 +27,11 @@ WorkQueue::WorkQueue(const mpi::Comm& comm, std::int64_t units, bool speculate, 
       max_runs_(max_runs),
       schedule_(schedule) {
   if (schedule_ == Schedule::static_blocks) {
-    const h5::RowRange block = h5::partition_rows(static_cast<std::uint64_t>(units),
-                                                  comm_.rank(), comm_.size());
-    next_static_ = static_cast<std::int64_t>(block.begin);
-    end_static_ = static_cast<std::int64_t>(block.end());
+    // The balanced partition: the first units % size ranks get one more unit.
+    const std::int64_t r = comm_.rank(), p = comm_.size();
+    const std::int64_t base = units / p, extra = units % p;
+    next_static_ = r * base + std::min(r, extra);
+    end_static_ = next_static_ + base + (r < extra ? 1 : 0);
   }
   LOCUS_ASSERT(units >= 0 && max_runs >= 1, fmt::format("{} units, max_runs {}", units, max_runs));
   const MPI_Aint bytes =
@@ -139,8 +139,8 @@ void WorkQueue::progress() {
 WorkQueue::Summary WorkQueue::finish() {
   // Every rank's operations completed (each was flushed). Ranks that ran out of units sleep
   // here rather than spin: the ranks still scoring may need the core (see quiet_wait.hpp).
-  comm::progress("work queue end (a barrier: every rank's units scored)");
-  detail::quiet_barrier(comm_);
+  progress("work queue end (a barrier: every rank's units done)");
+  quiet_barrier(comm_);
   Summary s;
   s.units = units_;
   std::vector<std::int64_t> state(static_cast<std::size_t>(4 * units_));
@@ -180,4 +180,4 @@ WorkQueue::Summary WorkQueue::finish() {
   return s;
 }
 
-}  // namespace locus::infer
+}  // namespace locus::comm
