@@ -139,7 +139,7 @@ void WorkQueue::progress() {
 WorkQueue::Summary WorkQueue::finish() {
   // Every rank's operations completed (each was flushed). Ranks that ran out of units sleep
   // here rather than spin: the ranks still scoring may need the core (see quiet_wait.hpp).
-  progress("work queue end (a barrier: every rank's units done)");
+  comm::progress("work queue end (a barrier: every rank's units done)");
   quiet_barrier(comm_);
   Summary s;
   s.units = units_;

@@ -17,6 +17,7 @@
 
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
+#include "locus/comm/watchdog.hpp"
 
 namespace locus::io::detail {
 
@@ -98,6 +99,7 @@ class UnitLoop {
   void run() {
     const double t0 = MPI_Wtime();
     while (true) {
+      comm::progress("claiming an ingest unit (the work queue's one-sided counter)");
       const comm::WorkQueue::Claim c = queue_.claim({});
       if (c.unit < 0) break;
       ++(c.speculative ? stats_.reruns : stats_.claimed);
@@ -105,6 +107,7 @@ class UnitLoop {
         ++stats_.abandoned;
         continue;
       }
+      comm::progress("parsing ingest unit {}{}", c.unit, c.speculative ? " (a re-run)" : "");
       run_unit(c.unit, c.speculative);
     }
     stats_.seconds = MPI_Wtime() - t0;
