@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cpu/cpu_compute.hpp"
+#include "cpu/cpu_layer_ops.hpp"
 #include "trainer_impl.hpp"
 #include "locus/comm/error.hpp"
 #include "locus/config.hpp"
@@ -82,6 +83,15 @@ void Compute::cache_dataset(std::span<const float>, std::int64_t, std::int64_t) 
 }
 
 namespace detail {
+
+std::unique_ptr<LayerOps> make_layer_ops(const ComputeOptions& options, const mpi::Comm& world,
+                                         TrainState& state) {
+  validate(options);
+  (void)world;
+  LOCUS_ASSERT(options.backend == "cpu",
+               "the trainer runs pipeline stages on the cpu backend only in this version");
+  return make_cpu_layer_ops(state);
+}
 
 std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& grads,
                                                     const mpi::Comm& dp,

@@ -13,6 +13,7 @@
 #include "locus/train/optim/clip.hpp"
 #include "locus/train/compute.hpp"
 #include "pipeline/pipeline_impl.hpp"
+#include "trainer_impl.hpp"
 
 namespace locus::train {
 
@@ -28,18 +29,22 @@ using Clock = detail::PipelineClock;
 namespace {
 
 // Collective over grid.world(): the options, spec and partition checked on every rank with
-// one verdict.
+// one verdict, and the backend's operations on this rank's stage made.
 StagePartition checked_partition(const Grid& grid, const ModelSpec& spec,
-                                 const PipelineOptions& options, const StageBuffers& buffers) {
+                                 const PipelineOptions& options,
+                                 const detail::StageOpsFactory& make_ops,
+                                 std::unique_ptr<detail::LayerOps>& ops) {
   std::optional<StagePartition> p;
   mpi::agree_on(grid.world(), [&] {
     validate(spec);
     validate(options);
     p.emplace(ParamLayout(spec.widths), grid.pipeline_stages(), options.stage_boundaries);
     const StageRange& r = p->stage(grid.stage());
-    LOCUS_ASSERT(buffers.params.size() == r.size() && buffers.grads.size() == r.size(),
-                 fmt::format("stage {} holds {} parameters but was given {} params and {} grads",
-                             grid.stage(), r.size(), buffers.params.size(), buffers.grads.size()));
+    ops = make_ops(r);
+    LOCUS_ASSERT(ops->range() == r.held(),
+                 fmt::format("stage {} trains layers [{}, {}) but its operations cover [{}, {})",
+                             grid.stage(), r.first_layer, r.end_layer, ops->range().first,
+                             ops->range().end));
   });
   return std::move(*p);
 }
@@ -51,21 +56,21 @@ double PipelineStepStats::bubble_fraction() const noexcept {
 }
 
 PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
-                          const PipelineOptions& options, StageBuffers b)
+                          const PipelineOptions& options, const OpsFactory& make_ops)
     : spec(s),
       loss(l),
       opts(options),
       layout(s.widths),
-      partition(checked_partition(grid, s, options, b)),
+      partition(checked_partition(grid, s, options, make_ops, layer_ops)),
       stage(grid.stage()),
       stages(grid.pipeline_stages()),
-      buffers(b),
-      model(s, partition.stage(grid.stage()), b),
+      range(partition.stage(grid.stage())),
       pp(grid.pp().dup()) {
   comm::ReducerOptions ro = opts.reducer;
   // Each micro-batch's loss divides by the GLOBAL batch: the sum over replicas is the mean.
   ro.mode = comm::ReduceMode::presummed_average;
-  reducer = comm::make_gradient_reducer(grid.dp(), buffers.grads, ro);
+  reducer = detail::make_reducer(layer_ops->grads(), grid.dp(), ro);
+  for (SendBuffer& b : dx_send) b.data = layer_ops->make_buffer();
   ops = pipeline_ops(opts.schedule, stages, stage, opts.micro_batches);
   next_forward.assign(ops.size(), -1);
   int next = -1;
@@ -159,12 +164,14 @@ ActivationSlot& PipelineStage::Impl::acquire(int m, bool training) {
   if (s != nullptr) return *s;
   if (free_slots.empty()) {
     pool.push_back(std::make_unique<ActivationSlot>());
+    pool.back()->act = layer_ops->make_activations();
     free_slots.push_back(pool.back().get());
   }
   s = free_slots.back();
   free_slots.pop_back();
-  const std::size_t bytes =
-      model.prepare(*s, m, rows_of(m), stage > 0, training && stage + 1 < stages, training);
+  s->micro_batch = m;
+  const std::size_t bytes = layer_ops->prepare(*s->act, rows_of(m), stage > 0,
+                                         training && stage + 1 < stages, training);
   slot_bytes[static_cast<std::size_t>(m)] = bytes;
   live_bytes += bytes;
   ++live;
@@ -191,8 +198,9 @@ void PipelineStage::Impl::release(int m) {
 void PipelineStage::Impl::post_input(int m, bool training) {
   if (stage == 0 || m < 0 || by_mb[static_cast<std::size_t>(m)] != nullptr) return;
   ActivationSlot& s = acquire(m, training);
-  LOCUS_MPI_CHECK(MPI_Irecv(s.input.data(), static_cast<int>(sz(s.rows, model.input_width())),
-                            MPI_FLOAT, stage - 1, kActivationTag, pp.get(), &s.recv_input));
+  const comm::GradientBuffer in = s.act->input();
+  LOCUS_MPI_CHECK(MPI_Irecv(in.data, static_cast<int>(in.size), MPI_FLOAT, stage - 1,
+                            kActivationTag, pp.get(), &s.recv_input));
 }
 
 void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, bool training,
@@ -205,23 +213,23 @@ void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, b
   cur.wait_s += seconds_since(t);
   t = Clock::now();
   const std::size_t first = static_cast<std::size_t>(offset[static_cast<std::size_t>(m)]);
-  const DropoutKey key{step, ids_view.empty()
-                                 ? ids_view
-                                 : ids_view.subspan(first, static_cast<std::size_t>(s.rows))};
-  model.forward(input_of(m, b), s, training, key);
+  const auto n = static_cast<std::size_t>(s.act->rows());
+  const DropoutKey key{step, ids_view.empty() ? ids_view : ids_view.subspan(first, n)};
+  layer_ops->forward(*s.act, input_of(m, b), training, key);
   cur.busy_s += seconds_since(t);
   if (stage + 1 < stages) {
-    const std::span<const float> y = model.output(s);
-    LOCUS_MPI_CHECK(MPI_Isend(y.data(), static_cast<int>(y.size()), MPI_FLOAT, stage + 1,
+    const comm::GradientBuffer y = s.act->output();
+    LOCUS_MPI_CHECK(MPI_Isend(y.data, static_cast<int>(y.size), MPI_FLOAT, stage + 1,
                               kActivationTag, pp.get(), &s.send_output));
     if (training) {
-      LOCUS_MPI_CHECK(MPI_Irecv(s.grad_in.data(), static_cast<int>(y.size()), MPI_FLOAT, stage + 1,
+      const comm::GradientBuffer g = s.act->grad_in();
+      LOCUS_MPI_CHECK(MPI_Irecv(g.data, static_cast<int>(g.size), MPI_FLOAT, stage + 1,
                                 kGradientTag, pp.get(), &s.recv_grad));
     }
   }
 }
 
-LossStats PipelineStage::Impl::loss_of(int m, std::span<float> dlogits_out) {
+LossStats PipelineStage::Impl::loss_of(int m, bool want_grad) {
   if (label_req != MPI_REQUEST_NULL || target_req != MPI_REQUEST_NULL) {
     const auto t = Clock::now();
     wait(label_req);
@@ -229,39 +237,28 @@ LossStats PipelineStage::Impl::loss_of(int m, std::span<float> dlogits_out) {
     cur.wait_s += seconds_since(t);
   }
   ActivationSlot& s = *by_mb[static_cast<std::size_t>(m)];
-  const int classes = layout.output_width();
+  const std::size_t classes = static_cast<std::size_t>(layout.output_width());
   const auto first = static_cast<std::size_t>(offset[static_cast<std::size_t>(m)]);
-  const auto n = static_cast<std::size_t>(s.rows);
-  const std::span<const float> logits = model.output(s);
+  const auto n = static_cast<std::size_t>(s.act->rows());
   const auto lab = labels.empty() ? labels : labels.subspan(first, n);
-  LossStats st;
-  if (loss == Loss::softmax_cross_entropy) {
-    st = softmax_cross_entropy(logits, s.rows, classes, lab, dlogits_out, divisor);
-  } else {
-    st = mean_squared_error(logits, s.rows, classes, targets.subspan(first * classes, n * classes),
-                            dlogits_out, divisor);
-    if (!lab.empty()) st.correct = count_correct(logits, s.rows, classes, lab);
-  }
-  return st;
+  const auto tgt = targets.empty() ? targets : targets.subspan(first * classes, n * classes);
+  return layer_ops->loss(*s.act, loss, lab, tgt, divisor, want_grad);
 }
 
 void PipelineStage::Impl::backward_op(int m, const PipelineBatch& b, bool last_backward,
                                       LossStats& stats) {
   ActivationSlot& s = *by_mb[static_cast<std::size_t>(m)];
-  float* g = nullptr;
+  const int n = s.act->rows();
+  const bool from_loss = stage + 1 == stages;
   auto t = Clock::now();
-  if (stage + 1 == stages) {
-    dlogits.resize(std::max(dlogits.size(), sz(s.rows, layout.output_width())));
-    const LossStats st =
-        loss_of(m, std::span<float>(dlogits).first(sz(s.rows, layout.output_width())));
+  if (from_loss) {
+    const LossStats st = loss_of(m, true);
     stats.loss_sum += st.loss_sum;
     stats.correct += st.correct;
     stats.rows += st.rows;
-    g = dlogits.data();
   } else {
     wait(s.recv_grad);
     cur.wait_s += seconds_since(t);
-    g = s.grad_in.data();
   }
   float* dx = nullptr;
   SendBuffer& out = dx_send[next_dx];
@@ -269,20 +266,19 @@ void PipelineStage::Impl::backward_op(int m, const PipelineBatch& b, bool last_b
     t = Clock::now();
     wait(out.req);  // sent two backwards ago
     cur.wait_s += seconds_since(t);
-    out.data.resize(std::max(out.data.size(), sz(s.rows, model.input_width())));
-    dx = out.data.data();
+    dx = out.data->view(sz(n, input_width())).data;
   }
   // The step's last backward announces each layer's final gradient to the all-reduce.
-  const std::function<void(int)> ready = [&](int l) {
-    reducer->ready_from(layout.layer(l).begin() - model.range().begin);
+  const GradsReadyFn ready = [&](int l) {
+    reducer->ready_from(layout.layer(l).begin() - range.begin);
   };
   t = Clock::now();
-  model.backward(input_of(m, b), s, g, accumulated, dx,
-                 last_backward ? ready : std::function<void(int)>());
+  layer_ops->backward(*s.act, input_of(m, b), from_loss, accumulated, dx,
+                last_backward ? ready : GradsReadyFn());
   cur.busy_s += seconds_since(t);
   accumulated = true;
   if (stage > 0) {
-    LOCUS_MPI_CHECK(MPI_Isend(dx, static_cast<int>(sz(s.rows, model.input_width())), MPI_FLOAT,
+    LOCUS_MPI_CHECK(MPI_Isend(dx, static_cast<int>(sz(n, input_width())), MPI_FLOAT,
                               stage - 1, kGradientTag, pp.get(), &out.req));
     next_dx ^= 1;
   }
