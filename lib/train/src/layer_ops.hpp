@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 
+#include "locus/comm/link.hpp"
 #include "locus/comm/mpi.hpp"
 #include "locus/comm/reducer.hpp"
 #include "locus/train/compute.hpp"
@@ -82,6 +83,9 @@ class LayerOps {
 
   virtual std::unique_ptr<LayerActivations> make_activations() const = 0;
   virtual std::unique_ptr<LayerBuffer> make_buffer() const = 0;
+  // Collective over pp (duplicated): the stage link (comm/link.hpp) for buffers of this
+  // backend's memory -- MPI for host memory, host-staged MPI for a device.
+  virtual std::unique_ptr<comm::StageLink> make_link(const mpi::Comm& pp) const = 0;
   // Makes `a` hold a (micro-)batch of `rows` rows: the outputs of every layer of the range,
   // with `training` what backward needs, with receives_input / receives_grad the buffers the
   // transfers from the neighbouring stages land in. Returns the bytes of activations it keeps

@@ -93,6 +93,9 @@ class CpuLayerOps final : public LayerOps {
   std::unique_ptr<LayerBuffer> make_buffer() const override {
     return std::make_unique<CpuBuffer>();
   }
+  std::unique_ptr<comm::StageLink> make_link(const mpi::Comm& pp) const override {
+    return comm::make_mpi_link(pp);
+  }
   std::size_t prepare(LayerActivations& a, int rows, bool receives_input, bool receives_grad,
                       bool training) override;
   void forward(LayerActivations& a, std::span<const float> host_x, bool training,

@@ -3,11 +3,10 @@
 // layer_ops.hpp) and its transfers to and from the neighbouring stages.
 #pragma once
 
-#include <mpi.h>
-
 #include <memory>
 
 #include "layer_ops.hpp"
+#include "locus/comm/link.hpp"
 
 namespace locus::train::detail {
 
@@ -15,9 +14,7 @@ namespace locus::train::detail {
 struct ActivationSlot {
   int micro_batch = -1;
   std::unique_ptr<LayerActivations> act;
-  MPI_Request recv_input = MPI_REQUEST_NULL;
-  MPI_Request send_output = MPI_REQUEST_NULL;
-  MPI_Request recv_grad = MPI_REQUEST_NULL;
+  comm::LinkRequest recv_input, send_output, recv_grad;  // through the stage link
 };
 
 }  // namespace locus::train::detail

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "locus/comm/error.hpp"
+#include "locus/comm/link.hpp"
 #include "locus/comm/mpi.hpp"
 #include "locus/comm/reducer.hpp"
 #include "locus/train/pipeline/pipeline.hpp"
@@ -37,8 +38,9 @@ inline std::size_t sz(int a, int b) {
   return static_cast<std::size_t>(a) * static_cast<std::size_t>(b);
 }
 
-// One communicator of our own (a dup of pp), so tags need only tell the streams apart; MPI's
-// non-overtaking rule matches each stream's messages to the receives in posting order.
+// Communicators of our own (a dup of pp; the link's dup), so tags need only tell the streams
+// apart; messages of one tag match the receives in posting order (MPI's non-overtaking rule,
+// which the link keeps).
 inline constexpr int kActivationTag = 1;
 inline constexpr int kGradientTag = 2;
 inline constexpr int kLabelTag = 3;
@@ -92,7 +94,9 @@ struct PipelineStage::Impl {
   StagePartition partition;
   int stage = 0, stages = 1;
   StageRange range;
-  mpi::Comm pp;
+  mpi::Comm pp;  // the step's header, labels and targets, the shared loss
+  // Activations and their gradients between neighbouring stages, in the backend's memory.
+  std::unique_ptr<comm::StageLink> link;
   std::unique_ptr<comm::GradientReducer> reducer;
   // This stage's schedule; next_forward[i]: the micro-batch of the first forward after op i
   // (-1 if none), whose receive op i posts ahead.
@@ -121,7 +125,7 @@ struct PipelineStage::Impl {
   double divisor = 1.0;  // the step's grad_divisor (1 in evaluation)
   struct SendBuffer {
     std::unique_ptr<detail::LayerBuffer> data;  // the backend's memory
-    MPI_Request req = MPI_REQUEST_NULL;
+    comm::LinkRequest req;
   } dx_send[2];
   int next_dx = 0;
   bool accumulated = false;

@@ -65,7 +65,8 @@ PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
       stage(grid.stage()),
       stages(grid.pipeline_stages()),
       range(partition.stage(grid.stage())),
-      pp(grid.pp().dup()) {
+      pp(grid.pp().dup()),
+      link(layer_ops->make_link(grid.pp())) {
   comm::ReducerOptions ro = opts.reducer;
   // Each micro-batch's loss divides by the GLOBAL batch: the sum over replicas is the mean.
   ro.mode = comm::ReduceMode::presummed_average;
@@ -184,9 +185,9 @@ void PipelineStage::Impl::release(int m) {
   ActivationSlot*& s = by_mb[static_cast<std::size_t>(m)];
   LOCUS_ASSERT(s != nullptr, fmt::format("micro-batch {} has no activations to release", m));
   const auto t = Clock::now();
-  wait(s->send_output);  // long done by now: the next stage has sent its gradient back
+  link->wait(s->send_output);  // long done by now: the next stage has sent its gradient back
   cur.wait_s += seconds_since(t);
-  LOCUS_ASSERT(s->recv_input == MPI_REQUEST_NULL && s->recv_grad == MPI_REQUEST_NULL,
+  LOCUS_ASSERT(!s->recv_input.active() && !s->recv_grad.active(),
                "an activation slot was released with a receive pending");
   live_bytes -= slot_bytes[static_cast<std::size_t>(m)];
   --live;
@@ -198,9 +199,7 @@ void PipelineStage::Impl::release(int m) {
 void PipelineStage::Impl::post_input(int m, bool training) {
   if (stage == 0 || m < 0 || by_mb[static_cast<std::size_t>(m)] != nullptr) return;
   ActivationSlot& s = acquire(m, training);
-  const comm::GradientBuffer in = s.act->input();
-  LOCUS_MPI_CHECK(MPI_Irecv(in.data, static_cast<int>(in.size), MPI_FLOAT, stage - 1,
-                            kActivationTag, pp.get(), &s.recv_input));
+  link->recv(s.act->input(), stage - 1, kActivationTag, s.recv_input);
 }
 
 void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, bool training,
@@ -209,7 +208,7 @@ void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, b
   post_input(ahead, training);  // one ahead: its data lands while m computes
   ActivationSlot& s = acquire(m, training);
   auto t = Clock::now();
-  wait(s.recv_input);
+  link->wait(s.recv_input);
   cur.wait_s += seconds_since(t);
   t = Clock::now();
   const std::size_t first = static_cast<std::size_t>(offset[static_cast<std::size_t>(m)]);
@@ -218,14 +217,8 @@ void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, b
   layer_ops->forward(*s.act, input_of(m, b), training, key);
   cur.busy_s += seconds_since(t);
   if (stage + 1 < stages) {
-    const comm::GradientBuffer y = s.act->output();
-    LOCUS_MPI_CHECK(MPI_Isend(y.data, static_cast<int>(y.size), MPI_FLOAT, stage + 1,
-                              kActivationTag, pp.get(), &s.send_output));
-    if (training) {
-      const comm::GradientBuffer g = s.act->grad_in();
-      LOCUS_MPI_CHECK(MPI_Irecv(g.data, static_cast<int>(g.size), MPI_FLOAT, stage + 1,
-                                kGradientTag, pp.get(), &s.recv_grad));
-    }
+    link->send(s.act->output(), stage + 1, kActivationTag, s.send_output);
+    if (training) link->recv(s.act->grad_in(), stage + 1, kGradientTag, s.recv_grad);
   }
 }
 
@@ -257,29 +250,28 @@ void PipelineStage::Impl::backward_op(int m, const PipelineBatch& b, bool last_b
     stats.correct += st.correct;
     stats.rows += st.rows;
   } else {
-    wait(s.recv_grad);
+    link->wait(s.recv_grad);
     cur.wait_s += seconds_since(t);
   }
-  float* dx = nullptr;
+  comm::GradientBuffer dx;
   SendBuffer& out = dx_send[next_dx];
   if (stage > 0) {
     t = Clock::now();
-    wait(out.req);  // sent two backwards ago
+    link->wait(out.req);  // sent two backwards ago
     cur.wait_s += seconds_since(t);
-    dx = out.data->view(sz(n, input_width())).data;
+    dx = out.data->view(sz(n, input_width()));
   }
   // The step's last backward announces each layer's final gradient to the all-reduce.
   const GradsReadyFn ready = [&](int l) {
     reducer->ready_from(layout.layer(l).begin() - range.begin);
   };
   t = Clock::now();
-  layer_ops->backward(*s.act, input_of(m, b), from_loss, accumulated, dx,
-                last_backward ? ready : GradsReadyFn());
+  layer_ops->backward(*s.act, input_of(m, b), from_loss, accumulated, dx.data,
+                      last_backward ? ready : GradsReadyFn());
   cur.busy_s += seconds_since(t);
   accumulated = true;
   if (stage > 0) {
-    LOCUS_MPI_CHECK(MPI_Isend(dx, static_cast<int>(sz(n, input_width())), MPI_FLOAT,
-                              stage - 1, kGradientTag, pp.get(), &out.req));
+    link->send(dx, stage - 1, kGradientTag, out.req);
     next_dx ^= 1;
   }
   release(m);
@@ -287,7 +279,7 @@ void PipelineStage::Impl::backward_op(int m, const PipelineBatch& b, bool last_b
 
 void PipelineStage::Impl::finish_sends() {
   const auto t = Clock::now();
-  for (SendBuffer& b : dx_send) wait(b.req);
+  for (SendBuffer& b : dx_send) link->wait(b.req);
   wait(label_req);
   wait(target_req);
   cur.wait_s += seconds_since(t);
