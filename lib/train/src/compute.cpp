@@ -87,9 +87,11 @@ namespace detail {
 std::unique_ptr<LayerOps> make_layer_ops(const ComputeOptions& options, const mpi::Comm& world,
                                          TrainState& state) {
   validate(options);
+#if LOCUS_WITH_CUDA
+  if (options.backend == "cuda") return cuda::make_cuda_layer_ops(options, world, state);
+#else
   (void)world;
-  LOCUS_ASSERT(options.backend == "cpu",
-               "the trainer runs pipeline stages on the cpu backend only in this version");
+#endif
   return make_cpu_layer_ops(state);
 }
 
