@@ -284,7 +284,8 @@ void CudaLayerOps::backward(detail::LayerActivations& base, std::span<const floa
     for (int l = r.end - 1; l >= r.first && on_layer; --l) on_layer(l);
     return;
   }
-  ensure_scratch(rows);
+  // prepare(training) sized the scratch; the loss's gradient is in it.
+  LOCUS_ASSERT(scratch_ && scratch_->capacity >= rows, "backward of a batch prepared for inference");
   float* g = from_loss ? scratch_->out_grad.data() : a.bufs->grad_in.data();
   layers_.backward(params(), a.bufs->input.data(), *a.bufs, g, rows, accumulate, dx, *scratch_,
                    on_layer ? &on_layer : nullptr, s);

@@ -36,10 +36,7 @@ LayerBuffers::LayerBuffers(const ModelSpec& spec, LayerRange range, int rows, bo
   const auto& widths = spec.widths;
   const int layers = static_cast<int>(widths.size()) - 1;
   const auto w = [&](int boundary) { return widths[static_cast<std::size_t>(boundary)]; };
-  const auto take = [&](DeviceBuffer<float>& b, std::size_t n) {
-    b = DeviceBuffer<float>(n);
-    activation_bytes += b.bytes();
-  };
+  const auto take = [](DeviceBuffer<float>& b, std::size_t n) { b = DeviceBuffer<float>(n); };
   if (own_input) take(input, sz(rows, w(range.first)));
   for (int l = range.first; l < range.end; ++l) {
     const bool hidden = l + 1 < layers;

@@ -30,7 +30,6 @@ struct LayerBuffers {
   LayerBuffers(const ModelSpec& spec, LayerRange range, int capacity, bool training, bool bf16,
                bool own_input, bool grad_in);
   int capacity = 0;
-  std::size_t activation_bytes = 0;          // out, deriv, input, grad_in (what a stage accounts)
   DeviceBuffer<float> input;                 // [rows, w_first]
   DeviceBuffer<__nv_bfloat16> x_bf16;        // bf16: [rows, w_first], the first GEMM's operand
   std::vector<DeviceBuffer<float>> out;      // per range layer [rows, w_{l+1}] post-activation
