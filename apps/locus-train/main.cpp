@@ -176,6 +176,11 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
       say(fmt::format("  rank {}: {}", r, devices[r]));
     }
     say(fmt::format("  gradient all-reduce: {}", trainer->reducer_description()));
+    if (opts.compute.graphs && (opts.pipeline_stages > 1 || opts.micro_batches > 1)) {
+      // Not silently ignored: a stage's step waits on the stage link between its kernels.
+      say("  CUDA graphs (train.graphs): whole-model steps only; pipeline stages and "
+          "micro-batches launch their kernels eagerly");
+    }
   }
   if (!telemetry.gpu_note().empty() && world.is_root()) say("  note: " + telemetry.gpu_note());
   if (resumed.resumed && world.is_root()) {

@@ -78,7 +78,8 @@ void TrainSettings::register_options(Config& c) {
         "cuda: the GPU of this rank (-1: the node-local rank modulo the visible devices)",
         in_range(std::int64_t{-1}, std::int64_t{1023}));
   c.add("train.graphs", graphs,
-        "cuda: capture each step shape once into a CUDA graph and replay it (false: launch "
+        "cuda: capture each whole-model step shape once into a CUDA graph and replay it "
+        "(false: launch kernel by kernel; pipeline stages and micro-batches always launch "
         "kernel by kernel)");
   c.add("train.pipeline_stages", pipeline_stages,
         "pipeline stages: the layers are cut into this many stages on consecutive ranks; "

@@ -1,7 +1,8 @@
 // Where the cuda backend cannot run (a build without CUDA or a host without a device, like
 // the CI machines), train.backend = cuda is a ConfigError agreed on every rank (exit 2) that
-// names what is available (skipped where a device exists); the GPU-only loader.device_cache_mb
-// is refused for the cpu backend everywhere.
+// names what is available (skipped where a device exists), with or without pipeline stages and
+// micro-batches (which the cuda backend runs where it can); the GPU-only
+// loader.device_cache_mb is refused for the cpu backend everywhere.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -43,6 +44,25 @@ TEST(CudaRefusal, BackendCudaWithoutADeviceIsAnAgreedConfigError) {
       locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, cuda_options(d)); });
   EXPECT_NE(message.find("train.backend = cuda"), std::string::npos) << message;
   EXPECT_NE(message.find("available: cpu"), std::string::npos) << message;
+}
+
+// Pipeline stages (at 2 ranks) or micro-batches run on the cuda backend where it can run: here
+// the refusal is the backend's (no device, or no CUDA in this build), not the pipeline's.
+TEST(CudaRefusal, PipelineOnBackendCudaWithoutADeviceIsTheBackendsAgreedConfigError) {
+  const auto why = no_device();
+  if (!why) GTEST_SKIP() << "this host has a CUDA device";
+  const mpi::Comm world = mpi::Comm::world();
+  Data d(world);
+  TrainOptions o = cuda_options(d);
+  o.model.widths = {kFeatures, 24, 16, kClasses};
+  o.pipeline_stages = world.size() == 2 ? 2 : 1;
+  o.micro_batches = 3;
+  const Grid grid(world, o.pipeline_stages);
+  const std::string message =
+      locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+  EXPECT_NE(message.find("train.backend = cuda"), std::string::npos) << message;
+  EXPECT_NE(message.find("available: cpu"), std::string::npos) << message;
+  EXPECT_EQ(message.find("pipeline"), std::string::npos) << message;
 }
 
 // The device cache is a GPU feature: asked of the cpu backend it is refused before any data

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cpu/cpu_compute.hpp"
+#include "cpu/cpu_layer_ops.hpp"
 #include "trainer_impl.hpp"
 #include "locus/comm/error.hpp"
 #include "locus/config.hpp"
@@ -85,6 +86,17 @@ void Compute::cache_dataset(std::span<const float>, std::int64_t, std::int64_t) 
 }
 
 namespace detail {
+
+std::unique_ptr<LayerOps> make_layer_ops(const ComputeOptions& options, const mpi::Comm& world,
+                                         TrainState& state) {
+  validate(options);
+#if LOCUS_WITH_CUDA
+  if (options.backend == "cuda") return cuda::make_cuda_layer_ops(options, world, state);
+#else
+  (void)world;
+#endif
+  return make_cpu_layer_ops(state);
+}
 
 std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& grads,
                                                     const mpi::Comm& dp,

@@ -206,18 +206,20 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     validate(opts.schedule);
   });
   if (pipelined) {
-    // The pipeline engine computes its stages on the CPU (until its stages run on the
-    // backends' layer operations): say so rather than ignore train.backend.
+    // The stages compute on the backend's layer operations; the device cache feeds whole-model
+    // steps only (stage 0 would need its own): say so rather than ignore it.
     mpi::agree_on(g.world(), [&] {
-      require(opts.compute.backend == "cpu" && opts.compute.precision == Precision::fp32,
-              fmt::format("train.backend = {} (train.precision = {}) with train.pipeline_stages "
-                          "= {} and train.micro_batches = {}: pipeline stages and micro-batches "
-                          "run on the cpu backend only in this version; use train.backend = "
-                          "cpu, or pipeline_stages = micro_batches = 1 on the GPU",
-                          opts.compute.backend, to_string(opts.compute.precision),
-                          opts.pipeline_stages, opts.micro_batches));
+      require(opts.device_cache_bytes == 0,
+              fmt::format("loader.device_cache_mb = {} with train.pipeline_stages = {} and "
+                          "train.micro_batches = {}: the device cache serves whole-model steps "
+                          "only in this version; set loader.device_cache_mb = 0 (batches are "
+                          "then copied to the device per micro-batch), or pipeline_stages = "
+                          "micro_batches = 1",
+                          opts.device_cache_bytes >> 20, opts.pipeline_stages,
+                          opts.micro_batches));
     });
-    auto p = std::make_unique<PipelineCompute>(g, state, opts.loss, pipeline_options(opts));
+    auto p = std::make_unique<PipelineCompute>(g, state, opts.loss, pipeline_options(opts),
+                                               opts.compute);
     pipeline = p.get();
     compute = std::move(p);
     return;

@@ -3,10 +3,12 @@
 // step's kernels captured into a CUDA graph against the same kernels launched eagerly.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -196,6 +198,61 @@ TEST_F(CudaKernels, GradNormAndClipFactor) {
           EXPECT_EQ(std::memcmp(&aligned_norm, &got, sizeof(got)), 0) << "depends on alignment";
         }
       }
+    }
+  }
+}
+
+// A pipeline stage's share of the norm: the sum of squares (no root, no factor), the same
+// blocks and order as grad_norm_and_scale (its sqrt is that norm, bit for bit), against the
+// float64 reference and the CPU's sum_of_squares; independent of the alignment.
+TEST_F(CudaKernels, GradSumOfSquares) {
+  std::uint64_t seed = 8500;
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4097},
+                              std::size_t{3 * 4096 + 5}, std::size_t{1} << 20}) {
+    const auto grads = uniform(std::max<std::size_t>(n, 1), -1.0f, 1.0f, ++seed);
+    long double exact = 0;
+    for (std::size_t i = 0; i < n; ++i) exact += static_cast<long double>(grads[i]) * grads[i];
+    const double cpu = sum_of_squares(std::span<const float>(grads).first(n));
+    double aligned = -1;
+    for (const std::size_t offset : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << n << " grads, offset " << offset);
+      Dev<float> g(grads, offset);
+      Dev<double> scratch(grad_norm_scratch(n)), sum(1), norm(1);
+      Dev<float> scale(1);
+      sum.poison();
+      grad_sum_of_squares(g.get(), n, scratch.get(), sum.get(), stream_);
+      grad_norm_and_scale(g.get(), n, 0.0, scratch.get(), norm.get(), scale.get(), stream_);
+      sync();
+      const double got = sum.download()[0];
+      EXPECT_NEAR(got, static_cast<double>(exact), 1e-12 * static_cast<double>(exact) + 1e-300);
+      EXPECT_NEAR(got, cpu, 1e-12 * cpu + 1e-300);
+      const double root = std::sqrt(got), norm_got = norm.download()[0];
+      EXPECT_EQ(std::memcmp(&root, &norm_got, sizeof(root)), 0) << "not the norm's sum";
+      EXPECT_TRUE(sum.intact() && scratch.intact());
+      if (aligned < 0) aligned = got;
+      EXPECT_EQ(std::memcmp(&aligned, &got, sizeof(got)), 0) << "depends on alignment";
+    }
+  }
+}
+
+// Micro-batch bias gradients added into the accumulated ones: dst += src in float, every
+// element (poisoned guards intact), float4 and scalar paths alike.
+TEST_F(CudaKernels, AddIntoMatchesTheCpu) {
+  std::uint64_t seed = 8600;
+  for (const std::size_t n : {std::size_t{1}, std::size_t{10}, std::size_t{4099}}) {
+    for (const std::size_t offset : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << n << " elements, offset " << offset);
+      const auto a = uniform(n, -2.0f, 2.0f, ++seed);
+      const auto b = uniform(n, -2.0f, 2.0f, ++seed);
+      Dev<float> dst(a, offset), src(b, offset);
+      add_into(dst.get(), src.get(), n, stream_);
+      sync();
+      const auto got = dst.download();
+      for (std::size_t i = 0; i < n; ++i) {
+        const float want = a[i] + b[i];
+        ASSERT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0) << "element " << i;
+      }
+      EXPECT_TRUE(dst.intact() && src.intact());
     }
   }
 }

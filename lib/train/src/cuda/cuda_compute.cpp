@@ -1,7 +1,8 @@
-// The CUDA compute backend: parameters, gradients and optimizer state in one device buffer
-// each (the CPU's layout, so a reduction bucket is still a slice); per layer a cuBLASLt GEMM
-// and one fused epilogue kernel; the loss, clipping and optimizer as single passes; a step's
-// two halves (forward+loss+backward, clip+update) replayed from captured CUDA graphs.
+// The CUDA compute backend for the whole model: parameters, gradients and optimizer state in
+// one device buffer each (device_state.hpp: the CPU's layout, so a reduction bucket is still a
+// slice); the layers' forward and backward (layers.hpp, the same device code a pipeline stage
+// runs on its layers: cuda_layer_ops.cpp); the loss, clipping and optimizer as single passes;
+// a step's two halves (forward+loss+backward, clip+update) replayed from captured CUDA graphs.
 //
 // Streams: `compute_` runs the step; `copy_` brings each batch from the loader's host memory
 // into an input slot (two slots, so the copy of batch k+1 overlaps step k). Nothing waits for
@@ -17,7 +18,9 @@
 
 #include "cuda/cuda_compute.hpp"
 #include "cuda/device.hpp"
+#include "cuda/device_state.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/layers.hpp"
 #include "cuda/matmul.hpp"
 #include "cuda/step_buffers.hpp"
 #include "locus/train/data/loader.hpp"
@@ -25,16 +28,6 @@
 namespace locus::train::cuda {
 
 namespace {
-
-std::size_t sz(int a, int b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); }
-
-// Largest power of two (<= 256) that divides the address: cuBLASLt picks algorithms by it.
-int alignment_of(const void* p) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  int align = 256;
-  while (align > 1 && a % static_cast<std::uintptr_t>(align) != 0) align /= 2;
-  return align;
-}
 
 // The loader's batch buffers in page-locked memory, so upload_inputs() copies them
 // asynchronously at full PCIe speed. Portable: allocated and freed from any thread.
@@ -49,10 +42,13 @@ class PinnedHostMemory final : public HostMemory {
   void deallocate(void* p, std::size_t) noexcept override { cudaFreeHost(p); }
 };
 
-// Per-step values of forward_backward the captured graph reads from device memory.
-struct PassScalars {
-  std::uint64_t step;
-  float inv_divisor;
+// A batch's activations and the pass's scratch (the whole model: one of each).
+struct StepBuffers {
+  StepBuffers(const ModelSpec& spec, int capacity, bool training, bool bf16)
+      : acts(spec, ParamLayout(spec.widths).all_layers(), capacity, training, bf16, false, false),
+        scratch(spec, ParamLayout(spec.widths).all_layers(), capacity, training, bf16) {}
+  LayerBuffers acts;
+  PassScratch scratch;
 };
 
 class CudaCompute final : public Compute {
@@ -62,14 +58,9 @@ class CudaCompute final : public Compute {
   ~CudaCompute() override;
 
   std::string_view name() const noexcept override { return "cuda"; }
-  std::string describe() const override {
-    return fmt::format("cuda {} on {} ({:.1f} GiB, cc {}.{}), CUDA runtime {}, driver {}, {}",
-                       to_string(options_.precision), device_.name, device_.memory_gib,
-                       device_.major, device_.minor, device_.runtime_version,
-                       device_.driver_version, Matmul::version());
-  }
+  std::string describe() const override { return describe_backend(options_.precision, device_); }
   comm::GradientBuffer grads() noexcept override {
-    return {grads_.data(), grads_.size(), comm::MemorySpace::cuda, compute_.get()};
+    return {dstate_.grads(), dstate_.size(), comm::MemorySpace::cuda, compute_.get()};
   }
   void forward_backward(const Batch& batch, std::uint64_t step, double grad_divisor,
                         const GradsReadyFn& on_grads_ready) override;
@@ -91,16 +82,8 @@ class CudaCompute final : public Compute {
   int input_width() const noexcept { return layout().input_width(); }
   int output_width() const noexcept { return layout().output_width(); }
   bool bf16() const noexcept { return options_.precision == Precision::bf16; }
-  Act act_of(int l) const noexcept {
-    return l + 1 == layers() ? Act::none : static_cast<Act>(state_.model.spec().activation);
-  }
-  bool keeps_deriv() const noexcept {
-    return state_.model.spec().activation != Activation::relu;
-  }
-  const void* weight_operand(int l) const noexcept {
-    const std::size_t off = layout().layer(l).weight_offset;
-    if (bf16()) return params_bf16_.data() + off;
-    return params_.data() + off;
+  DeviceParams device_params() const noexcept {
+    return {dstate_.params(), dstate_.params_bf16(), dstate_.grads(), 0};
   }
 
   void ensure_capacity(int rows);
@@ -111,10 +94,7 @@ class CudaCompute final : public Compute {
   // enqueued (eager steps: a reducer starts on it while the layers below still compute).
   void issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bool training,
                   const GradsReadyFn* ready = nullptr);
-  void issue_backward(StepBuffers& w, const void* x_op, int rows, const GradsReadyFn* ready);
   void issue_update(bool clip);
-  void gemm(int m, int n, int k, bool ta, bool tb, const void* a, int lda, const void* b, int ldb,
-            float* d, int ldd);
   // Runs `issue` from a graph captured for `key` once it has run eagerly twice (cuBLASLt
   // chooses its algorithms on first use, which a capture must not include).
   template <class Issue>
@@ -125,15 +105,14 @@ class CudaCompute final : public Compute {
   ComputeOptions options_;
   DeviceInfo device_;
   TrainState& state_;
-  // The host state page-locked while this backend lives: sync_to_host()/sync_from_host() copy
-  // at full speed (the only stall of a background checkpoint is that copy).
-  std::vector<HostRegistration> registered_;
   Loss loss_;
   Stream compute_, copy_;
   Matmul matmul_;
   std::size_t n_ = 0;  // parameters
-  DeviceBuffer<float> params_, grads_, state_a_, state_b_;
-  DeviceBuffer<__nv_bfloat16> params_bf16_;
+  // Parameters, gradients, optimizer state; the host state page-locked while this backend
+  // lives (the only stall of a background checkpoint is the device -> host copy).
+  DeviceState dstate_;
+  DeviceLayers layers_;
   ScalarUpload<PassScalars> pass_scalars_;
   ScalarUpload<OptimizerScalars> opt_scalars_;
   DeviceBuffer<float> grad_scale_;
@@ -169,20 +148,16 @@ CudaCompute::CudaCompute(const ComputeOptions& options, const DeviceInfo& device
       copy_(make_stream()),
       matmul_(options.precision),
       n_(state.model.params().size()),
-      params_(n_),
-      grads_(n_),
+      dstate_(state, options.precision == Precision::bf16),
+      layers_(state.model.spec(), state.model.layout().all_layers(), options.precision, matmul_),
       grad_scale_(1),
       norm_(1),
       norm_scratch_(grad_norm_scratch(n_)),
       stats_(1),
       stats_ring_(kStatsRing) {
-  LOCUS_ASSERT(state.model.whole(), "the cuda backend trains whole models (no pipeline stage)");
-  const auto opt_state = state.optimizer->state();
-  if (!opt_state.empty()) state_a_ = DeviceBuffer<float>(n_);
-  if (opt_state.size() > 1) state_b_ = DeviceBuffer<float>(n_);
-  if (bf16()) params_bf16_ = DeviceBuffer<__nv_bfloat16>(n_);
-  registered_.emplace_back(state.model.params().data(), state.model.params().size_bytes());
-  for (const auto& s : opt_state) registered_.emplace_back(s.data.data(), s.data.size_bytes());
+  LOCUS_ASSERT(state.model.whole(),
+               "the whole-model cuda backend trains whole models (a pipeline stage runs on "
+               "cuda_layer_ops)");
   sync_from_host();
 }
 
@@ -192,31 +167,9 @@ CudaCompute::~CudaCompute() {
   if (copy_) cudaStreamSynchronize(copy_.get());
 }
 
-void CudaCompute::sync_from_host() {
-  LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
-  LOCUS_CUDA_CHECK(cudaMemcpy(params_.data(), state_.model.params().data(), params_.bytes(),
-                              cudaMemcpyHostToDevice));
-  const auto st = std::as_const(*state_.optimizer).state();
-  DeviceBuffer<float>* targets[2] = {&state_a_, &state_b_};
-  for (std::size_t i = 0; i < st.size() && i < 2; ++i) {
-    LOCUS_CUDA_CHECK(cudaMemcpy(targets[i]->data(), st[i].data.data(), targets[i]->bytes(),
-                                cudaMemcpyHostToDevice));
-  }
-  if (bf16()) to_bf16(params_.data(), params_bf16_.data(), n_, compute_.get());
-  LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
-}
+void CudaCompute::sync_from_host() { dstate_.sync_from_host(compute_.get()); }
 
-void CudaCompute::sync_to_host() {
-  LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
-  LOCUS_CUDA_CHECK(cudaMemcpy(state_.model.params().data(), params_.data(), params_.bytes(),
-                              cudaMemcpyDeviceToHost));
-  auto st = state_.optimizer->state();
-  const DeviceBuffer<float>* sources[2] = {&state_a_, &state_b_};
-  for (std::size_t i = 0; i < st.size() && i < 2; ++i) {
-    LOCUS_CUDA_CHECK(cudaMemcpy(st[i].data.data(), sources[i]->data(), sources[i]->bytes(),
-                                cudaMemcpyDeviceToHost));
-  }
-}
+void CudaCompute::sync_to_host() { dstate_.sync_to_host(compute_.get()); }
 
 void CudaCompute::cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
   LOCUS_ASSERT(cols == input_width() && x.size() == static_cast<std::size_t>(rows * cols),
@@ -238,7 +191,7 @@ void CudaCompute::ensure_capacity(int rows) {
   for (int i = 0; i < 2; ++i) {
     slots_.emplace_back(capacity, input_width(), output_width(), loss_ == Loss::mse);
   }
-  train_ws_.emplace(layout().widths(), capacity, true, keeps_deriv(), bf16());
+  train_ws_.emplace(state_.model.spec(), capacity, true, bf16());
   slot_capacity_ = capacity;
 }
 
@@ -276,23 +229,6 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   LOCUS_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot.copied.get(), 0));
 }
 
-void CudaCompute::gemm(int m, int n, int k, bool ta, bool tb, const void* a, int lda,
-                       const void* b, int ldb, float* d, int ldd) {
-  GemmShape s;
-  s.m = m;
-  s.n = n;
-  s.k = k;
-  s.trans_a = ta;
-  s.trans_b = tb;
-  s.lda = lda;
-  s.ldb = ldb;
-  s.ldd = ldd;
-  s.align_a = alignment_of(a);
-  s.align_b = alignment_of(b);
-  s.align_d = alignment_of(d);
-  matmul_.run(s, a, b, d, nullptr, compute_.get());
-}
-
 void CudaCompute::issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bool training,
                              const GradsReadyFn* ready) {
   cudaStream_t s = compute_.get();
@@ -302,76 +238,18 @@ void CudaCompute::issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bo
     gather_rows(cached_x_.data(), slot.resident_rows.data(), slot.x.data(), rows, input_width(),
                 nullptr, nullptr, s);
   }
-  const void* x_op = x;
-  if (bf16()) {
-    to_bf16(x, w.x_bf16.data(), sz(rows, input_width()), s);
-    x_op = w.x_bf16.data();
-  }
   DropoutArgs dropout;
-  dropout.enabled = training && spec.dropout > 0.0f;
   dropout.p = spec.dropout;
   dropout.seed = spec.seed;
   dropout.step = &pass_scalars_.device()->step;
   dropout.sample_ids = slot.sample_ids.data();
-  const void* in_op = x_op;
-  for (int l = 0; l < layers(); ++l) {
-    const LayerLayout& ly = layout().layer(l);
-    float* z = w.out[static_cast<std::size_t>(l)].data();
-    // Z^T (out x rows) = op_T(W) (W stored [out, in] row-major = in x out column-major) X^T.
-    gemm(ly.out, rows, ly.in, true, false, weight_operand(l), ly.in, in_op, ly.in, z, ly.out);
-    dropout.layer = l;
-    const bool hidden = l + 1 < layers();
-    __nv_bfloat16* out_bf16 = hidden && bf16() ? w.out_bf16[static_cast<std::size_t>(l)].data() : nullptr;
-    float* deriv = training && hidden ? w.deriv[static_cast<std::size_t>(l)].data() : nullptr;
-    bias_act_forward(z, deriv, out_bf16, params_.data() + ly.bias_offset, rows, ly.out, act_of(l),
-                     hidden ? dropout : DropoutArgs{}, s);
-    in_op = bf16() ? static_cast<const void*>(out_bf16) : static_cast<const void*>(z);
-  }
-  const float* logits = w.out.back().data();
-  const float* inv = &pass_scalars_.device()->inv_divisor;
-  float* dlogits = training ? w.out_grad.data() : nullptr;
-  if (loss_ == Loss::softmax_cross_entropy) {
-    softmax_cross_entropy(logits, slot.labels.data(), dlogits, inv, w.row_scratch.data(),
-                          stats_.data(), rows, output_width(), s);
-  } else {
-    mean_squared_error(logits, slot.targets.data(), slot.labels.data(), dlogits, inv,
-                       w.row_scratch.data(), stats_.data(), rows, output_width(), s);
-  }
-  if (training) issue_backward(w, x_op, rows, ready);
-}
-
-void CudaCompute::issue_backward(StepBuffers& w, const void* x_op, int rows,
-                                 const GradsReadyFn* ready) {
-  cudaStream_t s = compute_.get();
-  const float p = state_.model.spec().dropout;
-  const float relu_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-  float* dz = w.out_grad.data();
-  const int L = layers();
-  column_sums(dz, grads_.data() + layout().layer(L - 1).bias_offset, w.column_scratch.data(),
-              rows, output_width(), s);
-  if (bf16()) to_bf16(dz, w.dz_bf16.data(), sz(rows, output_width()), s);
-  for (int l = L - 1; l >= 0; --l) {
-    const LayerLayout& ly = layout().layer(l);
-    const void* dz_op = bf16() ? static_cast<const void*>(w.dz_bf16.data()) : dz;
-    const void* in_op = l == 0 ? x_op
-                        : bf16() ? static_cast<const void*>(w.out_bf16[static_cast<std::size_t>(l) - 1].data())
-                                 : static_cast<const void*>(w.out[static_cast<std::size_t>(l) - 1].data());
-    // dW^T (in x out) = X^T (in x rows) op_T(dZ^T) (dZ row-major [rows, out] = out x rows).
-    gemm(ly.in, ly.out, rows, false, true, in_op, ly.in, dz_op, ly.out,
-         grads_.data() + ly.weight_offset, ly.in);
-    // Layer l is complete: its bias gradient was summed before (from dz).
-    if (ready != nullptr && *ready) (*ready)(l);
-    if (l == 0) break;
-    // dX^T (in x rows) = W^T (in x out) dZ^T (out x rows).
-    float* dx = w.scratch[l % 2].data();
-    gemm(ly.in, rows, ly.out, false, false, weight_operand(l), ly.in, dz_op, ly.out, dx, ly.in);
-    const auto below = static_cast<std::size_t>(l) - 1;
-    const float* deriv = w.deriv[below].size() > 0 ? w.deriv[below].data() : nullptr;
-    act_backward(dx, deriv, w.out[below].data(), relu_scale,
-                 bf16() ? w.dz_bf16.data() : nullptr, rows, ly.in, s);
-    column_sums(dx, grads_.data() + layout().layer(l - 1).bias_offset, w.column_scratch.data(),
-                rows, ly.in, s);
-    dz = dx;
+  const DeviceParams p = device_params();
+  layers_.forward(p, x, rows, w.acts, training, dropout, s);
+  float* dlogits = training ? w.scratch.out_grad.data() : nullptr;
+  layers_.loss(loss_, w.acts, slot.labels.data(), slot.targets.data(), dlogits,
+               &pass_scalars_.device()->inv_divisor, w.scratch, stats_.data(), rows, s);
+  if (training) {
+    layers_.backward(p, x, w.acts, dlogits, rows, false, nullptr, w.scratch, ready, s);
   }
 }
 
@@ -434,7 +312,7 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   pass_scalars_.upload(PassScalars{step, static_cast<float>(1.0 / grad_divisor)}, compute_.get());
   upload_inputs(batch, slot);
   if (rows == 0) {
-    LOCUS_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), compute_.get()));
+    LOCUS_CUDA_CHECK(cudaMemsetAsync(dstate_.grads(), 0, dstate_.grads_bytes(), compute_.get()));
     LOCUS_CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, sizeof(DeviceLossStats), compute_.get()));
   } else if (!options_.graphs) {  // eager: each layer announced as its work is enqueued
     issue_pass(*train_ws_, slot, rows, true, &on_grads_ready);
@@ -457,43 +335,14 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
 void CudaCompute::issue_update(bool clip) {
   cudaStream_t s = compute_.get();
   if (clip) {
-    grad_norm_and_scale(grads_.data(), n_, options_clip_, norm_scratch_.data(), norm_.data(),
+    grad_norm_and_scale(dstate_.grads(), n_, options_clip_, norm_scratch_.data(), norm_.data(),
                         grad_scale_.data(), s);
   }
-  __nv_bfloat16* p16 = bf16() ? params_bf16_.data() : nullptr;
-  const OptimizerOptions& o = state_.optimizer->options();
-  if (o.kind == OptimizerKind::sgd) {
-    SgdConfig c;
-    c.weight_decay = static_cast<float>(o.weight_decay);
-    c.momentum = static_cast<float>(o.momentum);
-    c.nesterov = o.nesterov;
-    sgd_update(params_.data(), grads_.data(), state_a_.size() > 0 ? state_a_.data() : nullptr,
-               p16, n_, c, opt_scalars_.device(), grad_scale_.data(), s);
-  } else {
-    AdamConfig c;
-    c.weight_decay = static_cast<float>(o.weight_decay);
-    c.decoupled = o.kind == OptimizerKind::adamw;
-    c.beta1 = o.beta1;
-    c.beta2 = o.beta2;
-    c.eps = o.eps;
-    adam_update(params_.data(), grads_.data(), state_a_.data(), state_b_.data(), p16, n_, c,
-                opt_scalars_.device(), grad_scale_.data(), s);
-  }
+  dstate_.issue_update(opt_scalars_.device(), grad_scale_.data(), s);
 }
 
 void CudaCompute::optimizer_step(double lr, double clip_max_norm) {
-  const OptimizerOptions& o = state_.optimizer->options();
-  // The scalars exactly as optim/sgd.cpp and optim/adam.cpp compute theirs.
-  OptimizerScalars sc{};
-  const std::int64_t steps = state_.optimizer->steps();
-  sc.neg_lr = static_cast<float>(-lr);
-  sc.first_step = steps == 0 ? 1 : 0;
-  sc.grad_coef = steps == 0 ? 1.0f : static_cast<float>(1.0 - o.dampening);
-  const double t = static_cast<double>(steps + 1);
-  sc.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
-  sc.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
-  sc.neg_step_size = static_cast<float>(-lr / (1.0 - std::pow(o.beta1, t)));
-  opt_scalars_.upload(sc, compute_.get());
+  opt_scalars_.upload(dstate_.scalars(lr), compute_.get());
   const bool clip = clip_max_norm > 0;
   options_clip_ = clip_max_norm;
   if (!clip && !scale_is_one_) {
@@ -549,9 +398,9 @@ LossStats CudaCompute::evaluate(const Batch& batch) {
   stats.rows = rows;
   if (rows == 0) return stats;
   check_labels(batch);
-  if (!eval_ws_ || eval_ws_->capacity < rows) {
+  if (!eval_ws_ || eval_ws_->acts.capacity < rows) {
     LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
-    eval_ws_.emplace(layout().widths(), rows, false, keeps_deriv(), bf16());
+    eval_ws_.emplace(state_.model.spec(), rows, false, bf16());
     eval_slot_.reset();
     eval_slot_.emplace(rows, input_width(), output_width(), loss_ == Loss::mse);
   }

@@ -4,6 +4,8 @@
 #include <memory>
 #include <string>
 
+#include "layer_ops.hpp"
+#include "locus/comm/link.hpp"
 #include "locus/comm/mpi.hpp"
 #include "locus/comm/reducer.hpp"
 #include "locus/train/compute.hpp"
@@ -20,6 +22,16 @@ int device_count() noexcept;
 // host has no usable device or options.device is out of range, naming what there is.
 std::unique_ptr<Compute> make_cuda_compute(const ComputeOptions& options, const mpi::Comm& world,
                                            TrainState& state, Loss loss);
+
+// Collective over world (the node-local split that picks the device): the CUDA layer
+// operations on the held layers of `state` (a pipeline stage's), its parameters and optimizer
+// state loaded onto the device. ConfigError as make_cuda_compute.
+std::unique_ptr<detail::LayerOps> make_cuda_layer_ops(const ComputeOptions& options,
+                                                      const mpi::Comm& world, TrainState& state);
+
+// Collective over comm (duplicated): the stage link for device buffers, host-staged: device ->
+// pinned host -> the MPI link -> device, ordered on each buffer's stream with events.
+std::unique_ptr<comm::StageLink> make_staged_link(const mpi::Comm& comm);
 
 // The gradient reducer for a device buffer: device -> pinned host -> the MPI reducer -> back,
 // ordered on grads.stream with events. Collective over dp.

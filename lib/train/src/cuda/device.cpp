@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_compute.hpp"
+#include "cuda/matmul.hpp"
 
 namespace locus::train::cuda {
 
@@ -48,6 +49,12 @@ int device_count() noexcept {
 std::string DeviceInfo::describe() const {
   return fmt::format("device {} {} ({:.1f} GiB, cc {}.{}, {} SMs)", index, name, memory_gib,
                      major, minor, multiprocessors);
+}
+
+std::string describe_backend(Precision precision, const DeviceInfo& d) {
+  return fmt::format("cuda {} on {} ({:.1f} GiB, cc {}.{}), CUDA runtime {}, driver {}, {}",
+                     to_string(precision), d.name, d.memory_gib, d.major, d.minor,
+                     d.runtime_version, d.driver_version, Matmul::version());
 }
 
 std::string describe_devices() {

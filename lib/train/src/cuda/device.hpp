@@ -4,6 +4,7 @@
 #include <string>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/train/compute.hpp"
 
 namespace locus::train::cuda {
 
@@ -17,6 +18,11 @@ struct DeviceInfo {
   // "device 0 NVIDIA H100 80GB HBM3 (79.1 GiB, cc 9.0, 132 SMs)"
   std::string describe() const;
 };
+
+// What computes, for the start-up line and checkpoint provenance (Compute::describe): "cuda
+// fp32 on NVIDIA H100 80GB HBM3 (79.1 GiB, cc 9.0), CUDA runtime 13000, driver 13000, cuBLASLt
+// 130000".
+std::string describe_backend(Precision precision, const DeviceInfo& device);
 
 // Collective over world: the node-local rank (MPI_Comm_split_type SHARED) modulo the visible
 // devices, or `requested` when >= 0; made current with cudaSetDevice. ConfigError (not agreed

@@ -306,6 +306,20 @@ struct ActBackwardOp {
   }
 };
 
+struct AddIntoOp {
+  float* dst;
+  const float* src;
+  __device__ void prepare() {}
+  template <int V>
+  __device__ void apply(std::size_t i) const {
+    Vec<V> d = load<V>(dst + i);
+    const Vec<V> x = load<V>(src + i);
+#pragma unroll
+    for (int k = 0; k < V; ++k) d.v[k] = d.v[k] + x.v[k];
+    store<V>(dst + i, d);
+  }
+};
+
 struct ToBf16Op {
   const float* src;
   __nv_bfloat16* dst;
@@ -622,7 +636,8 @@ __global__ void __launch_bounds__(kNormThreads)
 }
 
 // *norm = sqrt(sum of the block sums) (thread t takes blocks t, t + 256, ..., then block_sum)
-// and the clipping factor of optim/clip.cpp clip_factor.
+// and the clipping factor of optim/clip.cpp clip_factor; with grad_scale null, *norm = the sum
+// itself (no root, no factor: a pipeline stage's share of a norm summed across stages).
 __global__ void __launch_bounds__(kNormThreads)
     norm_total_kernel(const double* __restrict__ partial, unsigned blocks, double max_norm,
                       double* __restrict__ norm, float* __restrict__ grad_scale) {
@@ -630,7 +645,9 @@ __global__ void __launch_bounds__(kNormThreads)
   double acc = 0.0;
   for (unsigned b = threadIdx.x; b < blocks; b += kNormThreads) acc += partial[b];
   acc = block_sum(acc, smem);
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && grad_scale == nullptr) {
+    *norm = acc;
+  } else if (threadIdx.x == 0) {
     const double total = sqrt(acc);
     *norm = total;
     float factor = 1.0f;
@@ -842,6 +859,24 @@ void grad_norm_and_scale(const float* g, std::size_t n, double max_norm, double*
   norm_total_kernel<<<1, kNormThreads, 0, s>>>(scratch, static_cast<unsigned>(blocks), max_norm,
                                                norm, grad_scale);
   LOCUS_CUDA_CHECK_LAUNCH("norm_total_kernel");
+}
+
+void grad_sum_of_squares(const float* g, std::size_t n, double* scratch, double* sum,
+                         cudaStream_t s) {
+  const std::size_t blocks = (n + kNormBlock - 1) / kNormBlock;
+  if (blocks > 0) {
+    norm_block_kernel<<<static_cast<unsigned>(blocks), kNormThreads, 0, s>>>(g, n, aligned(g, 16),
+                                                                            scratch);
+    LOCUS_CUDA_CHECK_LAUNCH("norm_block_kernel");
+  }
+  norm_total_kernel<<<1, kNormThreads, 0, s>>>(scratch, static_cast<unsigned>(blocks), 0.0, sum,
+                                               nullptr);
+  LOCUS_CUDA_CHECK_LAUNCH("norm_total_kernel");
+}
+
+void add_into(float* dst, const float* src, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  launch_flat(AddIntoOp{dst, src}, n, aligned(dst, 16) && aligned(src, 16), s);
 }
 
 void gather_rows(const float* src, const std::int64_t* index, float* dst, int rows, int cols,

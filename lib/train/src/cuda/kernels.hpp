@@ -121,6 +121,16 @@ std::size_t grad_norm_scratch(std::size_t n) noexcept;
 void grad_norm_and_scale(const float* g, std::size_t n, double max_norm, double* scratch,
                          double* norm, float* grad_scale, cudaStream_t s);
 
+// *sum = sum g^2 (double), the same blocks and order as grad_norm_and_scale (so its sqrt is
+// that norm): a pipeline stage's share, which the stages add up before the root.
+// scratch: grad_norm_scratch(n) doubles. CPU reference: optim/clip.cpp sum_of_squares.
+void grad_sum_of_squares(const float* g, std::size_t n, double* scratch, double* sum,
+                         cudaStream_t s);
+
+// dst[i] += src[i] (float): micro-batch bias gradients added into the accumulated ones.
+// CPU reference: cpu_layer_ops.cpp finish_bias.
+void add_into(float* dst, const float* src, std::size_t n, cudaStream_t s);
+
 // dst[r, :] = src[index[r], :] for r < rows (device cache: batches gathered by index), and the
 // same for int32 labels when both label pointers are non-null.
 void gather_rows(const float* src, const std::int64_t* index, float* dst, int rows, int cols,

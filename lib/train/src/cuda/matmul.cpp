@@ -110,7 +110,7 @@ Matmul::Plan& Matmul::plan(const GemmShape& s) {
 }
 
 void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, const float* bias,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, bool accumulate) {
   if (s.m == 0 || s.n == 0) return;
   Plan& p = plan(s);
   if (s.bias) {
@@ -118,8 +118,9 @@ void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, con
                                                       &bias, sizeof(bias)));
   }
   const float one = 1.0f, zero = 0.0f;
-  LOCUS_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &one, a, p.a, b, p.b, &zero, d, p.d, d, p.d,
-                                    &p.algo, workspace_.data(), workspace_.bytes(), stream));
+  LOCUS_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,
+                                    d, p.d, d, p.d, &p.algo, workspace_.data(), workspace_.bytes(),
+                                    stream));
 }
 
 }  // namespace locus::train::cuda

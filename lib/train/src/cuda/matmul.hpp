@@ -46,11 +46,12 @@ class Matmul {
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
 
-  // Enqueues D = op(A) op(B) (+ bias) on stream. a, b are float* (fp32/tf32) or
-  // __nv_bfloat16* (bf16). The first call of a shape picks its algorithm (not capturable:
-  // run each shape once before capturing a graph).
+  // Enqueues D = op(A) op(B) (+ bias) on stream, or with accumulate D += op(A) op(B) (beta =
+  // 1, D read in place: a pipeline stage's weight gradients over micro-batches). a, b are
+  // float* (fp32/tf32) or __nv_bfloat16* (bf16). The first call of a shape picks its
+  // algorithm (not capturable: run each shape once before capturing a graph).
   void run(const GemmShape& shape, const void* a, const void* b, float* d, const float* bias,
-           cudaStream_t stream);
+           cudaStream_t stream, bool accumulate = false);
 
   Precision precision() const noexcept { return precision_; }
   // "cuBLASLt 130000" for checkpoint provenance.

@@ -1,6 +1,6 @@
-// Private to the CUDA backend: the device buffers one forward/backward pass needs for batches
-// of up to `capacity` rows (activations, derivatives, gradients in flight, loss scratch), and
-// the pinned rings that carry per-step scalars to the device and loss sums back.
+// Private to the CUDA backend: the whole model's double-buffered input slots, and the pinned
+// rings that carry per-pass scalars to the device (the activations and scratch of a pass are
+// layers.hpp's).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,25 +9,15 @@
 
 #include "cuda/kernels.hpp"
 #include "cuda/memory.hpp"
-#include "locus/train/model/model.hpp"
+#include <cstdint>
 
 namespace locus::train::cuda {
 
-struct StepBuffers {
-  // widths: the model's; training adds what backward reads; bf16 adds the operand copies.
-  StepBuffers(std::span<const int> widths, int capacity, bool training, bool keeps_deriv,
-              bool bf16);
-
-  int capacity = 0;
-  std::vector<DeviceBuffer<float>> out;      // per layer [rows, w_{l+1}]: logits last
-  std::vector<DeviceBuffer<float>> deriv;    // per hidden layer (gelu/tanh): act'(z) * dropout
-  std::vector<DeviceBuffer<__nv_bfloat16>> out_bf16;  // per hidden layer: next GEMM's operand
-  DeviceBuffer<__nv_bfloat16> x_bf16;        // [rows, input width]
-  DeviceBuffer<__nv_bfloat16> dz_bf16;       // [rows, max width]
-  DeviceBuffer<float> out_grad;              // [rows, output width]
-  DeviceBuffer<float> scratch[2];            // [rows, max hidden width] ping-pong dX
-  DeviceBuffer<float> column_scratch;        // column_sums
-  DeviceBuffer<double> row_scratch;          // [rows] loss per row
+// Per-pass values the kernels read from device memory (a captured graph reads each replay's):
+// the step that keys the dropout masks and 1 / the gradient divisor.
+struct PassScalars {
+  std::uint64_t step;
+  float inv_divisor;
 };
 
 // The inputs of one step, double-buffered: the copy stream fills slot (k % 2) while the

@@ -7,6 +7,7 @@
 
 #include "locus/comm/agree.hpp"
 #include "locus/train/optim/clip.hpp"
+#include "layer_ops.hpp"
 #include "locus/train/pipeline/pipeline.hpp"
 
 namespace locus::train {
@@ -41,15 +42,20 @@ StageRange agreed_range(const Grid& grid, const Mlp& model, const PipelineOption
 }  // namespace
 
 PipelineCompute::PipelineCompute(const Grid& grid, TrainState& state, Loss loss,
-                                 const PipelineOptions& options)
-    : state_(state),
-      range_(agreed_range(grid, state.model, options)),
-      grads_(range_.size(), 0.0f) {
+                                 const PipelineOptions& options, const ComputeOptions& compute)
+    : name_(compute.backend + "-pipeline"), range_(agreed_range(grid, state.model, options)) {
+  // Collective over the world (a device backend picks each rank's device); agreed, so its
+  // errors (no device, ...) reach every rank.
+  std::unique_ptr<detail::LayerOps> ops;
+  mpi::agree_on(grid.world(), [&] { ops = detail::make_layer_ops(compute, grid.world(), state); });
   stage_ = std::make_unique<PipelineStage>(grid, state.model.spec(), loss, options,
-                                           StageBuffers{state.model.params(), grads_});
+                                           std::move(ops));
 }
 
 PipelineCompute::~PipelineCompute() = default;
+
+std::string PipelineCompute::describe() const { return stage_->ops().describe(); }
+comm::GradientBuffer PipelineCompute::grads() noexcept { return stage_->ops().grads(); }
 
 void PipelineCompute::forward_backward(const Batch& batch, std::uint64_t step,
                                        double grad_divisor, const GradsReadyFn&) {
@@ -62,7 +68,7 @@ void PipelineCompute::optimizer_step(double lr, double clip_max_norm) {
     last_norm_ = stage_->grad_norm();
     scale = clip_factor(last_norm_, clip_max_norm);
   }
-  state_.optimizer->step(state_.model.params(), grads_, lr, scale);
+  stage_->ops().update(lr, scale);
 }
 
 void PipelineCompute::drain_stats(std::vector<LossStats>& out) {
@@ -73,5 +79,8 @@ void PipelineCompute::drain_stats(std::vector<LossStats>& out) {
 LossStats PipelineCompute::evaluate(const Batch& batch) {
   return stage_->evaluate(pipeline_batch(batch));
 }
+
+void PipelineCompute::sync_from_host() { stage_->ops().sync_from_host(); }
+void PipelineCompute::sync_to_host() { stage_->ops().sync_to_host(); }
 
 }  // namespace locus::train

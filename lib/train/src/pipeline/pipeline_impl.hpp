@@ -6,13 +6,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "locus/comm/error.hpp"
+#include "locus/comm/link.hpp"
 #include "locus/comm/mpi.hpp"
 #include "locus/comm/reducer.hpp"
+#include "locus/train/pipeline/pipeline.hpp"
 #include "pipeline/pipeline_detail.hpp"
 
 namespace locus::train {
@@ -35,18 +38,24 @@ inline std::size_t sz(int a, int b) {
   return static_cast<std::size_t>(a) * static_cast<std::size_t>(b);
 }
 
-// One communicator of our own (a dup of pp), so tags need only tell the streams apart; MPI's
-// non-overtaking rule matches each stream's messages to the receives in posting order.
+// Communicators of our own (a dup of pp; the link's dup), so tags need only tell the streams
+// apart; messages of one tag match the receives in posting order (MPI's non-overtaking rule,
+// which the link keeps).
 inline constexpr int kActivationTag = 1;
 inline constexpr int kGradientTag = 2;
 inline constexpr int kLabelTag = 3;
 inline constexpr int kTargetTag = 4;
 
+using StageOpsFactory = std::function<std::unique_ptr<LayerOps>(const StageRange&)>;
+
 }  // namespace detail
 
 struct PipelineStage::Impl {
+  // make_ops: the backend's operations on the stage's layers, called once the partition is
+  // agreed (inside the agreement, so its errors reach every rank).
+  using OpsFactory = detail::StageOpsFactory;
   Impl(const Grid& grid, const ModelSpec& spec, Loss loss, const PipelineOptions& options,
-       StageBuffers buffers);
+       const OpsFactory& make_ops);
 
   // Every call of a step or an evaluation.
   void begin(const PipelineBatch& b, bool training, double grad_divisor);
@@ -58,28 +67,36 @@ struct PipelineStage::Impl {
   void post_input(int m, bool training);
   void forward_op(int m, int ahead, const PipelineBatch& b, bool training, std::uint64_t step);
   void backward_op(int m, const PipelineBatch& b, bool last_backward, LossStats& stats);
-  // The loss of micro-batch m on the last stage; d(loss)/d(logits) into dlogits when given.
-  LossStats loss_of(int m, std::span<float> dlogits);
+  // The loss of micro-batch m on the last stage; with want_grad its gradient is kept for the
+  // micro-batch's backward.
+  LossStats loss_of(int m, bool want_grad);
 
   int rows_of(int m) const {
     return offset[static_cast<std::size_t>(m) + 1] - offset[static_cast<std::size_t>(m)];
   }
-  const float* input_of(int m, const PipelineBatch& b) {
-    if (stage == 0) {
-      return b.x.data() + detail::sz(offset[static_cast<std::size_t>(m)], model.input_width());
-    }
-    return by_mb[static_cast<std::size_t>(m)]->input.data();
+  // The host input of micro-batch m on stage 0 (its rows of the batch); elsewhere empty:
+  // the input is what the slot received.
+  std::span<const float> input_of(int m, const PipelineBatch& b) const {
+    if (stage != 0) return {};
+    return b.x.subspan(detail::sz(offset[static_cast<std::size_t>(m)], input_width()),
+                       detail::sz(rows_of(m), input_width()));
   }
+  int input_width() const { return layout.widths()[static_cast<std::size_t>(range.first_layer)]; }
+  int output_width() const { return layout.widths()[static_cast<std::size_t>(range.end_layer)]; }
 
   ModelSpec spec;
   Loss loss;
   PipelineOptions opts;
   ParamLayout layout;
+  // The backend's operations on the stage's layers (made while the partition is checked, so
+  // declared before it).
+  std::unique_ptr<detail::LayerOps> layer_ops;
   StagePartition partition;
   int stage = 0, stages = 1;
-  StageBuffers buffers;
-  detail::StageModel model;
-  mpi::Comm pp;
+  StageRange range;
+  mpi::Comm pp;  // the step's header, labels and targets, the shared loss
+  // Activations and their gradients between neighbouring stages, in the backend's memory.
+  std::unique_ptr<comm::StageLink> link;
   std::unique_ptr<comm::GradientReducer> reducer;
   // This stage's schedule; next_forward[i]: the micro-batch of the first forward after op i
   // (-1 if none), whose receive op i posts ahead.
@@ -105,11 +122,10 @@ struct PipelineStage::Impl {
   std::span<const std::int32_t> labels;
   std::span<const float> targets;
   MPI_Request label_req = MPI_REQUEST_NULL, target_req = MPI_REQUEST_NULL;
-  std::vector<float> dlogits;
   double divisor = 1.0;  // the step's grad_divisor (1 in evaluation)
   struct SendBuffer {
-    std::vector<float> data;
-    MPI_Request req = MPI_REQUEST_NULL;
+    std::unique_ptr<detail::LayerBuffer> data;  // the backend's memory
+    comm::LinkRequest req;
   } dx_send[2];
   int next_dx = 0;
   bool accumulated = false;

@@ -13,6 +13,7 @@
 #include "locus/train/optim/clip.hpp"
 #include "locus/train/compute.hpp"
 #include "pipeline/pipeline_impl.hpp"
+#include "trainer_impl.hpp"
 
 namespace locus::train {
 
@@ -28,18 +29,22 @@ using Clock = detail::PipelineClock;
 namespace {
 
 // Collective over grid.world(): the options, spec and partition checked on every rank with
-// one verdict.
+// one verdict, and the backend's operations on this rank's stage made.
 StagePartition checked_partition(const Grid& grid, const ModelSpec& spec,
-                                 const PipelineOptions& options, const StageBuffers& buffers) {
+                                 const PipelineOptions& options,
+                                 const detail::StageOpsFactory& make_ops,
+                                 std::unique_ptr<detail::LayerOps>& ops) {
   std::optional<StagePartition> p;
   mpi::agree_on(grid.world(), [&] {
     validate(spec);
     validate(options);
     p.emplace(ParamLayout(spec.widths), grid.pipeline_stages(), options.stage_boundaries);
     const StageRange& r = p->stage(grid.stage());
-    LOCUS_ASSERT(buffers.params.size() == r.size() && buffers.grads.size() == r.size(),
-                 fmt::format("stage {} holds {} parameters but was given {} params and {} grads",
-                             grid.stage(), r.size(), buffers.params.size(), buffers.grads.size()));
+    ops = make_ops(r);
+    LOCUS_ASSERT(ops->range() == r.held(),
+                 fmt::format("stage {} trains layers [{}, {}) but its operations cover [{}, {})",
+                             grid.stage(), r.first_layer, r.end_layer, ops->range().first,
+                             ops->range().end));
   });
   return std::move(*p);
 }
@@ -51,21 +56,22 @@ double PipelineStepStats::bubble_fraction() const noexcept {
 }
 
 PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
-                          const PipelineOptions& options, StageBuffers b)
+                          const PipelineOptions& options, const OpsFactory& make_ops)
     : spec(s),
       loss(l),
       opts(options),
       layout(s.widths),
-      partition(checked_partition(grid, s, options, b)),
+      partition(checked_partition(grid, s, options, make_ops, layer_ops)),
       stage(grid.stage()),
       stages(grid.pipeline_stages()),
-      buffers(b),
-      model(s, partition.stage(grid.stage()), b),
-      pp(grid.pp().dup()) {
+      range(partition.stage(grid.stage())),
+      pp(grid.pp().dup()),
+      link(layer_ops->make_link(grid.pp())) {
   comm::ReducerOptions ro = opts.reducer;
   // Each micro-batch's loss divides by the GLOBAL batch: the sum over replicas is the mean.
   ro.mode = comm::ReduceMode::presummed_average;
-  reducer = comm::make_gradient_reducer(grid.dp(), buffers.grads, ro);
+  reducer = detail::make_reducer(layer_ops->grads(), grid.dp(), ro);
+  for (SendBuffer& b : dx_send) b.data = layer_ops->make_buffer();
   ops = pipeline_ops(opts.schedule, stages, stage, opts.micro_batches);
   next_forward.assign(ops.size(), -1);
   int next = -1;
@@ -159,12 +165,14 @@ ActivationSlot& PipelineStage::Impl::acquire(int m, bool training) {
   if (s != nullptr) return *s;
   if (free_slots.empty()) {
     pool.push_back(std::make_unique<ActivationSlot>());
+    pool.back()->act = layer_ops->make_activations();
     free_slots.push_back(pool.back().get());
   }
   s = free_slots.back();
   free_slots.pop_back();
-  const std::size_t bytes =
-      model.prepare(*s, m, rows_of(m), stage > 0, training && stage + 1 < stages, training);
+  s->micro_batch = m;
+  const std::size_t bytes = layer_ops->prepare(*s->act, rows_of(m), stage > 0,
+                                         training && stage + 1 < stages, training);
   slot_bytes[static_cast<std::size_t>(m)] = bytes;
   live_bytes += bytes;
   ++live;
@@ -177,9 +185,9 @@ void PipelineStage::Impl::release(int m) {
   ActivationSlot*& s = by_mb[static_cast<std::size_t>(m)];
   LOCUS_ASSERT(s != nullptr, fmt::format("micro-batch {} has no activations to release", m));
   const auto t = Clock::now();
-  wait(s->send_output);  // long done by now: the next stage has sent its gradient back
+  link->wait(s->send_output);  // long done by now: the next stage has sent its gradient back
   cur.wait_s += seconds_since(t);
-  LOCUS_ASSERT(s->recv_input == MPI_REQUEST_NULL && s->recv_grad == MPI_REQUEST_NULL,
+  LOCUS_ASSERT(!s->recv_input.active() && !s->recv_grad.active(),
                "an activation slot was released with a receive pending");
   live_bytes -= slot_bytes[static_cast<std::size_t>(m)];
   --live;
@@ -191,8 +199,7 @@ void PipelineStage::Impl::release(int m) {
 void PipelineStage::Impl::post_input(int m, bool training) {
   if (stage == 0 || m < 0 || by_mb[static_cast<std::size_t>(m)] != nullptr) return;
   ActivationSlot& s = acquire(m, training);
-  LOCUS_MPI_CHECK(MPI_Irecv(s.input.data(), static_cast<int>(sz(s.rows, model.input_width())),
-                            MPI_FLOAT, stage - 1, kActivationTag, pp.get(), &s.recv_input));
+  link->recv(s.act->input(), stage - 1, kActivationTag, s.recv_input);
 }
 
 void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, bool training,
@@ -201,27 +208,21 @@ void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, b
   post_input(ahead, training);  // one ahead: its data lands while m computes
   ActivationSlot& s = acquire(m, training);
   auto t = Clock::now();
-  wait(s.recv_input);
+  link->wait(s.recv_input);
   cur.wait_s += seconds_since(t);
   t = Clock::now();
   const std::size_t first = static_cast<std::size_t>(offset[static_cast<std::size_t>(m)]);
-  const DropoutKey key{step, ids_view.empty()
-                                 ? ids_view
-                                 : ids_view.subspan(first, static_cast<std::size_t>(s.rows))};
-  model.forward(input_of(m, b), s, training, key);
+  const auto n = static_cast<std::size_t>(s.act->rows());
+  const DropoutKey key{step, ids_view.empty() ? ids_view : ids_view.subspan(first, n)};
+  layer_ops->forward(*s.act, input_of(m, b), training, key);
   cur.busy_s += seconds_since(t);
   if (stage + 1 < stages) {
-    const std::span<const float> y = model.output(s);
-    LOCUS_MPI_CHECK(MPI_Isend(y.data(), static_cast<int>(y.size()), MPI_FLOAT, stage + 1,
-                              kActivationTag, pp.get(), &s.send_output));
-    if (training) {
-      LOCUS_MPI_CHECK(MPI_Irecv(s.grad_in.data(), static_cast<int>(y.size()), MPI_FLOAT, stage + 1,
-                                kGradientTag, pp.get(), &s.recv_grad));
-    }
+    link->send(s.act->output(), stage + 1, kActivationTag, s.send_output);
+    if (training) link->recv(s.act->grad_in(), stage + 1, kGradientTag, s.recv_grad);
   }
 }
 
-LossStats PipelineStage::Impl::loss_of(int m, std::span<float> dlogits_out) {
+LossStats PipelineStage::Impl::loss_of(int m, bool want_grad) {
   if (label_req != MPI_REQUEST_NULL || target_req != MPI_REQUEST_NULL) {
     const auto t = Clock::now();
     wait(label_req);
@@ -229,61 +230,48 @@ LossStats PipelineStage::Impl::loss_of(int m, std::span<float> dlogits_out) {
     cur.wait_s += seconds_since(t);
   }
   ActivationSlot& s = *by_mb[static_cast<std::size_t>(m)];
-  const int classes = layout.output_width();
+  const std::size_t classes = static_cast<std::size_t>(layout.output_width());
   const auto first = static_cast<std::size_t>(offset[static_cast<std::size_t>(m)]);
-  const auto n = static_cast<std::size_t>(s.rows);
-  const std::span<const float> logits = model.output(s);
+  const auto n = static_cast<std::size_t>(s.act->rows());
   const auto lab = labels.empty() ? labels : labels.subspan(first, n);
-  LossStats st;
-  if (loss == Loss::softmax_cross_entropy) {
-    st = softmax_cross_entropy(logits, s.rows, classes, lab, dlogits_out, divisor);
-  } else {
-    st = mean_squared_error(logits, s.rows, classes, targets.subspan(first * classes, n * classes),
-                            dlogits_out, divisor);
-    if (!lab.empty()) st.correct = count_correct(logits, s.rows, classes, lab);
-  }
-  return st;
+  const auto tgt = targets.empty() ? targets : targets.subspan(first * classes, n * classes);
+  return layer_ops->loss(*s.act, loss, lab, tgt, divisor, want_grad);
 }
 
 void PipelineStage::Impl::backward_op(int m, const PipelineBatch& b, bool last_backward,
                                       LossStats& stats) {
   ActivationSlot& s = *by_mb[static_cast<std::size_t>(m)];
-  float* g = nullptr;
+  const int n = s.act->rows();
+  const bool from_loss = stage + 1 == stages;
   auto t = Clock::now();
-  if (stage + 1 == stages) {
-    dlogits.resize(std::max(dlogits.size(), sz(s.rows, layout.output_width())));
-    const LossStats st =
-        loss_of(m, std::span<float>(dlogits).first(sz(s.rows, layout.output_width())));
+  if (from_loss) {
+    const LossStats st = loss_of(m, true);
     stats.loss_sum += st.loss_sum;
     stats.correct += st.correct;
     stats.rows += st.rows;
-    g = dlogits.data();
   } else {
-    wait(s.recv_grad);
+    link->wait(s.recv_grad);
     cur.wait_s += seconds_since(t);
-    g = s.grad_in.data();
   }
-  float* dx = nullptr;
+  comm::GradientBuffer dx;
   SendBuffer& out = dx_send[next_dx];
   if (stage > 0) {
     t = Clock::now();
-    wait(out.req);  // sent two backwards ago
+    link->wait(out.req);  // sent two backwards ago
     cur.wait_s += seconds_since(t);
-    out.data.resize(std::max(out.data.size(), sz(s.rows, model.input_width())));
-    dx = out.data.data();
+    dx = out.data->view(sz(n, input_width()));
   }
   // The step's last backward announces each layer's final gradient to the all-reduce.
-  const std::function<void(int)> ready = [&](int l) {
-    reducer->ready_from(layout.layer(l).begin() - model.range().begin);
+  const GradsReadyFn ready = [&](int l) {
+    reducer->ready_from(layout.layer(l).begin() - range.begin);
   };
   t = Clock::now();
-  model.backward(input_of(m, b), s, g, accumulated, dx,
-                 last_backward ? ready : std::function<void(int)>());
+  layer_ops->backward(*s.act, input_of(m, b), from_loss, accumulated, dx.data,
+                      last_backward ? ready : GradsReadyFn());
   cur.busy_s += seconds_since(t);
   accumulated = true;
   if (stage > 0) {
-    LOCUS_MPI_CHECK(MPI_Isend(dx, static_cast<int>(sz(s.rows, model.input_width())), MPI_FLOAT,
-                              stage - 1, kGradientTag, pp.get(), &out.req));
+    link->send(dx, stage - 1, kGradientTag, out.req);
     next_dx ^= 1;
   }
   release(m);
@@ -291,7 +279,7 @@ void PipelineStage::Impl::backward_op(int m, const PipelineBatch& b, bool last_b
 
 void PipelineStage::Impl::finish_sends() {
   const auto t = Clock::now();
-  for (SendBuffer& b : dx_send) wait(b.req);
+  for (SendBuffer& b : dx_send) link->wait(b.req);
   wait(label_req);
   wait(target_req);
   cur.wait_s += seconds_since(t);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "locus/train/optim/clip.hpp"
+#include "cpu/cpu_layer_ops.hpp"
 #include "pipeline/pipeline_impl.hpp"
 
 namespace locus::train {
@@ -16,7 +17,15 @@ using detail::seconds_since;
 
 PipelineStage::PipelineStage(const Grid& grid, const ModelSpec& spec, Loss loss,
                              const PipelineOptions& options, StageBuffers buffers)
-    : impl_(std::make_unique<Impl>(grid, spec, loss, options, buffers)) {}
+    : impl_(std::make_unique<Impl>(grid, spec, loss, options, [&](const StageRange& r) {
+        return detail::make_cpu_layer_ops(spec, r.held(), buffers.params, buffers.grads);
+      })) {}
+
+PipelineStage::PipelineStage(const Grid& grid, const ModelSpec& spec, Loss loss,
+                             const PipelineOptions& options,
+                             std::unique_ptr<detail::LayerOps> ops)
+    : impl_(std::make_unique<Impl>(grid, spec, loss, options,
+                                   [&](const StageRange&) { return std::move(ops); })) {}
 
 PipelineStage::~PipelineStage() = default;
 
@@ -65,7 +74,7 @@ LossStats PipelineStage::evaluate(const PipelineBatch& batch) {
   for (int mb = 0; mb < m.micro; ++mb) {
     m.forward_op(mb, mb + 1 < m.micro ? mb + 1 : -1, batch, false, 0);
     if (last()) {
-      const LossStats st = m.loss_of(mb, {});
+      const LossStats st = m.loss_of(mb, false);
       local.loss_sum += st.loss_sum;
       local.correct += st.correct;
       local.rows += st.rows;
@@ -82,13 +91,14 @@ LossStats PipelineStage::evaluate(const PipelineBatch& batch) {
 }
 
 double PipelineStage::grad_norm() const {
-  double squares = sum_of_squares(impl_->buffers.grads);
+  double squares = impl_->layer_ops->grad_sum_of_squares();
   if (impl_->stages > 1) squares = impl_->pp.allreduce(squares, MPI_SUM);
   return std::sqrt(squares);
 }
 
 const StagePartition& PipelineStage::partition() const noexcept { return impl_->partition; }
-const StageRange& PipelineStage::range() const noexcept { return impl_->model.range(); }
+const StageRange& PipelineStage::range() const noexcept { return impl_->range; }
+detail::LayerOps& PipelineStage::ops() noexcept { return *impl_->layer_ops; }
 int PipelineStage::stage() const noexcept { return impl_->stage; }
 int PipelineStage::stages() const noexcept { return impl_->stages; }
 const PipelineOptions& PipelineStage::options() const noexcept { return impl_->opts; }

@@ -21,6 +21,10 @@
 
 namespace locus::train {
 
+namespace detail {
+class LayerOps;  // a backend's operations on a range of layers (private to lib/train)
+}
+
 // gpipe: every forward of the step, then every backward (M micro-batches of activations alive).
 // one_f_one_b: S-1-s warm-up forwards on stage s, then one forward / one backward alternately,
 // then the remaining backwards: at most S micro-batches of activations alive on any stage.
@@ -137,8 +141,14 @@ class PipelineStage {
   // duplicated). The partition is built here from spec.widths, grid.pipeline_stages() and
   // options.stage_boundaries; ConfigError (identical on every rank) for an invalid spec,
   // options or partition. buffers must be range().size() floats each and outlive the stage.
+  // The stage computes on the cpu backend's layer operations over `buffers`.
   PipelineStage(const Grid& grid, const ModelSpec& spec, Loss loss, const PipelineOptions& options,
                 StageBuffers buffers);
+  // The stage computes on `ops` (a backend's operations on exactly this rank's stage of the
+  // partition, an InternalError otherwise), in whose memory its parameters, gradients and
+  // activations live; transfers and the gradient all-reduce follow where that is.
+  PipelineStage(const Grid& grid, const ModelSpec& spec, Loss loss, const PipelineOptions& options,
+                std::unique_ptr<detail::LayerOps> ops);
   ~PipelineStage();
   PipelineStage(const PipelineStage&) = delete;
   PipelineStage& operator=(const PipelineStage&) = delete;
@@ -154,6 +164,9 @@ class PipelineStage {
   // Collective over grid.pp(): the L2 norm of the whole model's (reduced) gradient, from every
   // stage's slice. Every rank gets the same value.
   double grad_norm() const;
+
+  // The backend's operations the stage computes on.
+  detail::LayerOps& ops() noexcept;
 
   // Collective over grid.pp(): loss sums and argmax hits of the current parameters on the
   // replica's rows (no dropout), computed on the last stage and shared with every stage.
@@ -181,8 +194,11 @@ class PipelineStage {
 // on one stage): this rank trains its stage's layers of a TrainState that holds only those
 // (state.model.held() == the partition's stage(grid.stage()).held()), with a gradient buffer of
 // the same size, so a rank's parameters, gradients and optimizer state are its stage's share.
-// Checkpoints and model files are written by the stages, each its layers. Semantics that
-// differ from the CPU backend:
+// The stage computes on the layer operations of the backend ComputeOptions names (cpu, or
+// cuda: the stage's parameters, gradients, optimizer state and activations on the device,
+// activations and their gradients host-staged between stages). Checkpoints and model files
+// are written by the stages, each its layers. Semantics that differ from the whole-model
+// backends:
 //   forward_backward: collective over grid.pp() and grid.dp(); it also completes the gradient
 //     all-reduce over dp (on_grads_ready is not called). Stage 0 passes the replica's batch,
 //     the other stages an empty one.
@@ -190,16 +206,16 @@ class PipelineStage {
 class PipelineCompute final : public Compute {
  public:
   // Collective over grid.world() (see PipelineStage). ConfigError (agreed) when the state does
-  // not hold exactly this rank's stage.
-  PipelineCompute(const Grid& grid, TrainState& state, Loss loss, const PipelineOptions& options);
+  // not hold exactly this rank's stage, or the backend cannot run here (compute.hpp's
+  // validate).
+  PipelineCompute(const Grid& grid, TrainState& state, Loss loss, const PipelineOptions& options,
+                  const ComputeOptions& compute = {});
   ~PipelineCompute() override;
 
-  std::string_view name() const noexcept override { return "cpu-pipeline"; }
-  // As the cpu backend's: a checkpoint's provenance does not depend on the grid.
-  std::string describe() const override { return "cpu (OpenBLAS)"; }
-  comm::GradientBuffer grads() noexcept override {
-    return {grads_.data(), grads_.size(), comm::MemorySpace::host, nullptr};
-  }
+  std::string_view name() const noexcept override { return name_; }
+  // As the backend's: a checkpoint's provenance does not depend on the grid.
+  std::string describe() const override;
+  comm::GradientBuffer grads() noexcept override;
   void forward_backward(const Batch& batch, std::uint64_t step, double grad_divisor,
                         const GradsReadyFn& on_grads_ready) override;
   // Collective over grid.pp() when clipping (the norm of the whole model's gradient).
@@ -207,14 +223,15 @@ class PipelineCompute final : public Compute {
   double last_grad_norm() override { return last_norm_; }
   void drain_stats(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
+  void sync_from_host() override;
+  void sync_to_host() override;
 
   PipelineStage& stage() noexcept { return *stage_; }
   const PipelineStage& stage() const noexcept { return *stage_; }
 
  private:
-  TrainState& state_;
+  std::string name_;  // "cpu-pipeline", "cuda-pipeline"
   StageRange range_;  // agreed on every rank before the first collective that needs it
-  std::vector<float> grads_;  // the stage's slice only
   std::unique_ptr<PipelineStage> stage_;
   std::vector<LossStats> pending_;
   double last_norm_ = -1;

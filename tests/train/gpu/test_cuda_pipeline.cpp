@@ -1,0 +1,228 @@
+// Pipeline stages and micro-batches on the cuda backend (the stage computes on the CUDA layer
+// operations, activations and their gradients go through the host-staged stage link), against
+// the same pipeline on the cpu backend: at 2 ranks a 2-stage pipeline (1F1B and GPipe, SGD with
+// dropout and clipping, AdamW + gelu + mse), at any rank count micro-batches on one stage;
+// weights, optimizer state, losses and gradient norms within 1e-3 relative of the CPU; bf16 in
+// its band; bitwise the same run twice and with train.graphs on or off (stages launch eagerly);
+// a state restored mid-run continues bitwise; the device cache with stages is refused. Without
+// a device every case skips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "agreed_error.hpp"
+#include "locus/train/compute.hpp"
+#include "test_trainer_util.hpp"
+
+namespace locus::train::test {
+namespace {
+
+std::optional<std::string> no_device() {
+  ComputeOptions c;
+  c.backend = "cuda";
+  try {
+    validate(c);
+    return std::nullopt;
+  } catch (const ConfigError& e) {
+    return std::string(e.what());
+  }
+}
+
+class CudaPipeline : public WorldDataSuite {
+ protected:
+  void SetUp() override {
+    if (auto why = no_device()) GTEST_SKIP() << "no CUDA device: " << *why;
+  }
+};
+
+int world_size() { return mpi::Comm::world().size(); }
+
+// 4 layers, 2 epochs of 15 steps (30 steps), evaluation at each epoch's end.
+TrainOptions options(const Data& d, const std::string& backend, int stages, int micro,
+                     PipelineSchedule schedule) {
+  TrainOptions o = small_options(d);
+  o.model.widths = {kFeatures, 24, 16, 12, kClasses};
+  o.model.dropout = 0.2f;
+  o.clip_max_norm = 0.5;
+  o.compute.backend = backend;
+  o.pipeline_stages = stages;
+  o.micro_batches = micro;
+  o.pipeline_schedule = schedule;
+  o.log_every = 1;
+  return o;
+}
+
+TrainOptions adamw_mse(TrainOptions o) {
+  o.model.activation = Activation::gelu;
+  o.loss = Loss::mse;
+  o.optimizer = {};
+  o.optimizer.kind = OptimizerKind::adamw;
+  o.optimizer.weight_decay = 0.01;
+  o.schedule.base_lr = 0.01;
+  return o;
+}
+
+struct StageRun {
+  std::vector<float> params;                    // this rank's stage
+  std::vector<std::vector<float>> optimizer;    // this rank's stage
+  std::vector<StepMetrics> steps;
+  std::vector<EpochMetrics> epochs;
+};
+
+StageRun finish(Trainer& t, Recorder& rec) {
+  StageRun r;
+  const TrainState& s = t.synced_state();
+  r.params.assign(s.model.params().begin(), s.model.params().end());
+  for (const auto& b : std::as_const(*s.optimizer).state()) {
+    r.optimizer.emplace_back(b.data.begin(), b.data.end());
+  }
+  r.steps = rec.steps;
+  r.epochs = rec.epochs;
+  return r;
+}
+
+StageRun train(const TrainOptions& o) {
+  const Grid grid(mpi::Comm::world(), o.pipeline_stages);
+  Trainer t(grid, o);
+  Recorder rec;
+  t.train(&rec);
+  return finish(t, rec);
+}
+
+double relative(std::span<const float> a, std::span<const float> b) {
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+// The cuda pipeline against the cpu pipeline of the same options, on the same grid.
+void expect_matches_cpu(const TrainOptions& cuda_options, double tol = 1e-3) {
+  TrainOptions cpu_options = cuda_options;
+  cpu_options.compute.backend = "cpu";
+  const StageRun cpu = train(cpu_options);
+  const StageRun gpu = train(cuda_options);
+  ASSERT_EQ(gpu.params.size(), cpu.params.size());
+  EXPECT_LE(relative(gpu.params, cpu.params), tol);
+  ASSERT_EQ(gpu.optimizer.size(), cpu.optimizer.size());
+  for (std::size_t i = 0; i < cpu.optimizer.size(); ++i) {
+    EXPECT_LE(relative(gpu.optimizer[i], cpu.optimizer[i]), tol) << "optimizer state " << i;
+  }
+  ASSERT_EQ(gpu.steps.size(), 30u);
+  ASSERT_EQ(gpu.steps.size(), cpu.steps.size());
+  for (std::size_t i = 0; i < cpu.steps.size(); ++i) {
+    EXPECT_EQ(gpu.steps[i].samples, cpu.steps[i].samples);
+    EXPECT_NEAR(gpu.steps[i].loss, cpu.steps[i].loss, tol * std::abs(cpu.steps[i].loss) + 1e-6)
+        << "step " << i;
+    EXPECT_NEAR(gpu.steps[i].grad_norm, cpu.steps[i].grad_norm,
+                tol * std::abs(cpu.steps[i].grad_norm) + 1e-7)
+        << "step " << i;
+  }
+  ASSERT_EQ(gpu.epochs.size(), cpu.epochs.size());
+  for (std::size_t e = 0; e < cpu.epochs.size(); ++e) {
+    ASSERT_TRUE(gpu.epochs[e].evaluated);
+    EXPECT_EQ(gpu.epochs[e].eval.rows, cpu.epochs[e].eval.rows);
+    EXPECT_NEAR(gpu.epochs[e].eval.loss, cpu.epochs[e].eval.loss, tol * cpu.epochs[e].eval.loss);
+  }
+}
+
+TEST_F(CudaPipeline, TwoStagesMatchTheCpuPipeline) {
+  if (world_size() != 2) GTEST_SKIP() << "a 2-stage pipeline runs at 2 ranks";
+  for (const auto sched : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
+    SCOPED_TRACE(std::string(to_string(sched)));
+    expect_matches_cpu(options(data(), "cuda", 2, 3, sched));
+  }
+}
+
+TEST_F(CudaPipeline, AdamWGeluMseTwoStagesMatchTheCpuPipeline) {
+  if (world_size() != 2) GTEST_SKIP() << "a 2-stage pipeline runs at 2 ranks";
+  expect_matches_cpu(adamw_mse(options(data(), "cuda", 2, 4, PipelineSchedule::one_f_one_b)));
+}
+
+// micro_batches > 1 on one stage: gradient accumulation on the device over the data-parallel
+// ranks (the host-staged reducer at 2 ranks on one GPU).
+TEST_F(CudaPipeline, MicroBatchesOnOneStageMatchTheCpu) {
+  expect_matches_cpu(options(data(), "cuda", 1, 3, PipelineSchedule::one_f_one_b));
+}
+
+// Stages launch their kernels eagerly whatever train.graphs says: the same bits either way,
+// and the same bits run after run (fixed reduction orders, one cuBLASLt algorithm per shape).
+TEST_F(CudaPipeline, RunTwiceAndGraphsOnOrOffAreBitwiseEqual) {
+  const int stages = world_size() == 2 ? 2 : 1;
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(std::string(to_string(p)));
+    TrainOptions o = options(data(), "cuda", stages, 3, PipelineSchedule::one_f_one_b);
+    o.compute.precision = p;
+    const StageRun a = train(o);
+    const StageRun b = train(o);
+    o.compute.graphs = false;
+    const StageRun eager = train(o);
+    EXPECT_EQ(a.params, b.params);
+    EXPECT_EQ(a.optimizer, b.optimizer);
+    EXPECT_EQ(a.params, eager.params);
+    EXPECT_EQ(a.optimizer, eager.optimizer);
+    ASSERT_EQ(a.steps.size(), b.steps.size());
+    ASSERT_EQ(a.steps.size(), eager.steps.size());
+    for (std::size_t i = 0; i < a.steps.size(); ++i) {
+      EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "step " << i;
+      EXPECT_EQ(a.steps[i].loss, eager.steps[i].loss) << "step " << i;
+    }
+  }
+}
+
+// bf16 operands in the stages: each step's loss within the band of the whole-model GPU test
+// (5% + 0.02 of the fp32 CPU pipeline's).
+TEST_F(CudaPipeline, Bf16LossStaysInItsBand) {
+  const int stages = world_size() == 2 ? 2 : 1;
+  TrainOptions o = options(data(), "cuda", stages, 3, PipelineSchedule::one_f_one_b);
+  o.compute.precision = Precision::bf16;
+  TrainOptions c = o;
+  c.compute.backend = "cpu";
+  c.compute.precision = Precision::fp32;
+  const StageRun cpu = train(c);
+  const StageRun gpu = train(o);
+  ASSERT_EQ(gpu.steps.size(), cpu.steps.size());
+  for (std::size_t i = 0; i < cpu.steps.size(); ++i) {
+    EXPECT_NEAR(gpu.steps[i].loss, cpu.steps[i].loss, 0.05 * cpu.steps[i].loss + 0.02)
+        << "step " << i;
+  }
+  EXPECT_LE(relative(gpu.params, cpu.params), 3e-2);
+}
+
+// The host state restored into a new trainer mid-epoch (what a checkpoint resume does) reaches
+// the stage's device buffers: bitwise equal to an uninterrupted GPU run.
+TEST_F(CudaPipeline, RestoredStateContinuesBitwise) {
+  const int stages = world_size() == 2 ? 2 : 1;
+  const TrainOptions o = options(data(), "cuda", stages, 3, PipelineSchedule::one_f_one_b);
+  const Grid grid(mpi::Comm::world(), stages);
+  Trainer a(grid, o);
+  a.train(nullptr, 23);  // mid-epoch (15 steps per epoch)
+  Trainer b(grid, o);
+  b.state().assign(a.synced_state());
+  Recorder rec;
+  b.train(&rec);
+  const StageRun resumed = finish(b, rec);
+  const StageRun straight = train(o);
+  EXPECT_EQ(resumed.params, straight.params);
+  EXPECT_EQ(resumed.optimizer, straight.optimizer);
+}
+
+// The device cache feeds whole-model steps only: with stages or micro-batches it is an agreed
+// ConfigError naming both keys and the ways out, not silently ignored.
+TEST_F(CudaPipeline, DeviceCacheWithMicroBatchesIsAnAgreedConfigError) {
+  TrainOptions o = options(data(), "cuda", 1, 2, PipelineSchedule::one_f_one_b);
+  o.device_cache_bytes = std::uint64_t{64} << 20;
+  const Grid grid(mpi::Comm::world(), 1);
+  const std::string message =
+      locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+  EXPECT_NE(message.find("loader.device_cache_mb = 64"), std::string::npos) << message;
+  EXPECT_NE(message.find("train.micro_batches = 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("set loader.device_cache_mb = 0"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace locus::train::test
