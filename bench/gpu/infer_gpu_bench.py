@@ -5,8 +5,9 @@
 784-256-128-10 ReLU model (softmax probabilities, argmax, top-3, accuracy and log-loss) and
 write the same datasets, made durable (fsync) at the end.
 
-  locus:   locus-infer --infer.backend=cuda (1 rank; the time from its report: setup, scoring,
-           publication; and the process's wall time including MPI and CUDA start-up)
+  locus:   locus-infer --infer.backend=cuda, 1 rank (the time from its report: setup, scoring,
+           publication; and the process's wall time including MPI and CUDA start-up); also
+           --ranks N (default 4) ranks sharing the GPU under mpirun, reading in parallel
   PyTorch: h5py reads of BLOCK rows -> pinned tensor -> .cuda(non_blocking) -> the model ->
            softmax/argmax/topk -> .cpu() -> h5py writes of the block, then flush + fsync
            (CUDA context and cuBLAS warmed up first, not timed; its process wall time is also
@@ -99,8 +100,10 @@ def h2d_bandwidth(torch):
     return best
 
 
-def run_locus(apps, model, data, out, batch, extra=()):
-    cmd = [os.path.join(apps, "locus-infer"), f"--infer.model={model}", f"--infer.input={data}",
+def run_locus(apps, model, data, out, batch, ranks=1, extra=()):
+    launch = [] if ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe",
+                                    "--bind-to", "none", "-n", str(ranks)]
+    cmd = [*launch, os.path.join(apps, "locus-infer"), f"--infer.model={model}", f"--infer.input={data}",
            f"--infer.output={out}", "--infer.backend=cuda", f"--infer.batch_rows={batch}",
            f"--infer.top_k={TOP_K}", "--overwrite", *extra]
     env = dict(os.environ, OMPI_MCA_ess_singleton_isolated="1")
@@ -164,6 +167,7 @@ def main():
     ap.add_argument("--rows", type=int, default=1 << 20)
     ap.add_argument("--batch", type=int, default=8192, help="locus infer.batch_rows")
     ap.add_argument("--block", type=int, default=65536, help="PyTorch rows per h5py read")
+    ap.add_argument("--ranks", type=int, default=4, help="also run locus-infer on this many ranks (0: no)")
     ap.add_argument("--out", default="", help="TSV of the figures")
     a = ap.parse_args()
     import torch
@@ -201,6 +205,15 @@ def main():
             r = res.setdefault("torch", {"s": 1e9})
             r["s"] = min(r["s"], s)
             r["acc"], r["loss"] = acc, loss
+    if a.ranks > 1:
+        best = 1e9
+        for _ in range(2):
+            wall, rep, _ = run_locus(a.apps, model, data, os.path.join(a.work, "locus-np.h5"),
+                                     a.batch, ranks=a.ranks)
+            best = min(best, rep["seconds_total"])
+        print(f"locus-infer, {a.ranks} ranks on the one GPU: {best:.3f} s in run_inference "
+              f"({a.rows / best / 1e6:.2f} M rows/s)")
+        res["locus_np"] = {"s": best}
     with h5py.File(os.path.join(a.work, "locus-out.h5"), "r") as f1, \
             h5py.File(os.path.join(a.work, "torch-out.h5"), "r") as f2:
         n = min(a.rows, 262144)
@@ -212,6 +225,9 @@ def main():
             f"torch={res['torch']['s']:.3f}s ({tr / 1e6:.2f} Mrows/s) speedup={lr / tr:.2f}x "
             f"bound={bound / 1e6:.2f} Mrows/s ({'read' if read_gbs < h2d_gbs else 'H2D'} {min(read_gbs, h2d_gbs):.1f} GB/s) "
             f"locus/bound={lr / bound:.2f} locus_wall={res['locus']['wall']:.3f}s")
+    if "locus_np" in res:
+        nr = a.rows / res["locus_np"]["s"]
+        line += f" locus_np{a.ranks}={res['locus_np']['s']:.3f}s ({nr / tr:.2f}x torch, {nr / bound:.2f} of bound)"
     print(line)
     if a.out:
         with open(a.out, "w") as f:
