@@ -30,6 +30,16 @@ void InferSettings::register_options(Config& c) {
   c.add("infer.blas_threads", blas_threads, "BLAS threads per rank (same on every rank)",
         in_range(std::int64_t{1}, std::int64_t{1024}));
   add_watchdog_option(c, "infer.watchdog_s", watchdog_s);
+  c.add_choice("infer.backend", backend, {"cpu", "cuda"},
+               "where the forward passes run (cpu: OpenBLAS; cuda: one GPU per rank, the "
+               "training backend's kernels, softmax/argmax/top-k on the device, in builds with "
+               "CUDA)");
+  c.add_choice("infer.precision", precision, {"fp32", "tf32", "bf16"},
+               "matrix-product arithmetic on the GPU, as train.precision (fp32: as the CPU; "
+               "tf32; bf16); the cpu backend takes fp32 only");
+  c.add("infer.device", device,
+        "cuda: the GPU of this rank (-1: the node-local rank modulo the visible devices)",
+        in_range(std::int64_t{-1}, std::int64_t{1023}));
   c.add("infer.record_writer", record_writer, "add /writer: the rank that wrote each row");
   c.add("infer.slow_ranks", slow_ranks,
         "test/benchmark hook: comma-separated ranks made slower (see slow_factor, slow_ms)");
@@ -60,6 +70,9 @@ infer::InferOptions InferSettings::to_options(const Config& c) const {
   o.schedule = schedule == "static" ? infer::Schedule::static_blocks : infer::Schedule::dynamic;
   o.blas_threads = static_cast<int>(blas_threads);
   o.record_writer = record_writer;
+  o.backend = backend;
+  o.precision = precision;
+  o.device = static_cast<int>(device);
   for (std::int64_t r : parse_int_list("infer.slow_ranks", slow_ranks)) {
     if (r < 0) throw ConfigError(fmt::format("infer.slow_ranks holds {}; ranks are >= 0", r));
     o.slow_ranks.push_back(static_cast<int>(r));

@@ -6,16 +6,20 @@
 # 2. libraries: the bundle's lib/ first; sonames the host still cannot resolve are taken from
 #    lib-extra.tar.xz, the host's CUDA directories or PyTorch's nvidia/* wheels
 # 3. every GPU test binary (gtest --gtest_brief=1; MPI tests at their ctest rank counts)
-# 4. locus-train on the GPU (gpu_train_bench.sh), 5. PyTorch on the GPU (torch_gpu_bench.py),
-# 6. counts.py with the measured peaks, and a short summary table last.
+# 4. locus-train on the GPU (gpu_train_bench.sh), 5. locus-infer on the GPU against h5py +
+# PyTorch on a 1M-row file (infer_gpu_bench.py), 6. PyTorch on the GPU (torch_gpu_bench.py),
+# 7. counts.py with the measured peaks, and a short summary table last.
 # Without a GPU it says so, still runs the tests (they skip) and PyTorch's CPU smoke test.
-# Full logs go to $OUT (the device tool returns it; default /tmp/gpu-run-out), as 7 files:
-# summary.txt run.log tests.tar.gz locus.tar.gz gpu_train_bench.tsv torch_gpu_bench.jsonl
-# counts.txt. Time: at most about 9.3 minutes (soft budgets per phase: nothing new starts after
-# them; hard limits: tests 210 s, locus 190 s, PyTorch 170 s), typically much less; where the
+# Full logs go to $OUT (the device tool returns it; default /tmp/gpu-run-out), as 8 files:
+# summary.txt run.log tests.tar.gz locus.tar.gz gpu_train_bench.tsv infer_gpu_bench.tsv
+# torch_gpu_bench.jsonl counts.txt. Time: at most about 11.8 minutes (soft budgets per phase:
+# nothing new starts after them; hard limits: tests 210 s, locus 190 s, infer 150 s, PyTorch
+# 170 s), typically much less -- over the device tool's 10 minutes only if every phase runs to
+# its limit; where the
 # tests need longer, run them alone (SKIP="locus torch") and the benchmarks in a second call:
 #   TEST_BUDGET_S=180 TEST_TIMEOUT=90 APP_TEST_TIMEOUT=240   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40
-#   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60   SKIP may also name "reducer"
+#   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60 INFER_TIMEOUT=150 INFER_ROWS=1048576
+#   SKIP may also name "reducer" and "infer"
 #   LAUNCH=auto|direct|mpirun   PYTHON=python3   SKIP="tests locus torch" (phases to leave out)
 #   ROWS, EPOCHS, EXTRA: passed to gpu_train_bench.sh; TORCH_ARGS: extra torch_gpu_bench.py flags
 set -uo pipefail
@@ -187,6 +191,22 @@ else
   tar -C "$work" -czf "$out/locus.tar.gz" --exclude='*.h5' locus 2> /dev/null
 fi
 
+section "locus-infer on the GPU vs h5py + PyTorch (infer_gpu_bench.py)"
+infer_line=$work/infer_gpu_line.txt
+if [[ $skip == *" infer "* ]]; then
+  say "skipped (SKIP)"
+elif ((gpu)); then
+  # >= 1M rows end to end (HDF5 read to durable output), both twice, alternated; the input
+  # (3.3 GB) is written under $work and removed with it.
+  timeout -k 10 "${INFER_TIMEOUT:-150}" "$py" "$here/infer_gpu_bench.py" --apps "$bundle/apps" \
+    --work "$work/infer" --rows "${INFER_ROWS:-1048576}" --out "$out/infer_gpu_bench.tsv" \
+    2>&1 | tee -a "$log" | tee "$work/infer.log"
+  grep '^infer_gpu ' "$work/infer.log" > "$infer_line" || say "infer_gpu_bench.py gave no result line"
+  rm -rf "$work/infer"
+else
+  say "no GPU: not run"
+fi
+
 section "PyTorch on the GPU (torch_gpu_bench.py)"
 if [[ $skip == *" torch "* ]]; then
   say "skipped (SKIP)"
@@ -223,6 +243,10 @@ section "summary"
 "$py" "$here/summarize_gpu.py" --gpu "$gpu" --tests "$tests_tsv" --locus "$out/gpu_train_bench.tsv" \
   --torch "$out/torch_gpu_bench.jsonl" > "$out/summary.txt" 2>> "$log" ||
   { echo "summarize_gpu.py failed; raw tables:"; cat "$tests_tsv" "$out/gpu_train_bench.tsv"; } > "$out/summary.txt"
+if [[ -s $infer_line ]]; then
+  { echo; echo "locus-infer on the GPU, end to end (HDF5 read to durable output) vs h5py + PyTorch CUDA:"
+    cat "$infer_line"; } >> "$out/summary.txt"
+fi
 if [[ -s $reducer_table ]]; then
   { echo; echo "NCCL reducer at 1 rank (machinery overhead; staged = D2H+H2D round trip):"
     grep -v '^#' "$reducer_table" | head -n 20; } >> "$out/summary.txt"

@@ -378,11 +378,36 @@ def test_bad_inputs_give_clear_errors_and_no_output(r, tmp):
     expect_exit(p, 0, "[infer]", "output = out/fashion-mnist-scores.h5")
 
 
+def test_cuda_backend_where_it_cannot_run(r, tmp):
+    """infer.backend = cuda in a build without CUDA, or on a host without a usable GPU (CI):
+    exit 2 on every rank, naming the key and what is available, and no output. Where a GPU
+    runs it, tests/apps/test_infer_cuda_app.py checks the results instead."""
+    rng = np.random.default_rng(5)
+    x, y = csv_rows(rng, 120)
+    csv, data = os.path.join(tmp, "d.csv"), os.path.join(tmp, "d.h5")
+    write_csv(csv, x, y)
+    ingest_csv(r, csv, data)
+    model = write_model(os.path.join(tmp, "m.h5"), [12, 8, 4])
+    out = os.path.join(tmp, "s.h5")
+    p = infer(r, model, data, out, "--infer.backend=cuda")
+    if p.returncode == 0:
+        return  # a GPU host
+    expect_exit(p, EXIT_CONFIG, "infer.backend = cuda", "set infer.backend = cpu")
+    text = p.stdout + p.stderr
+    check("has no usable GPU" in text or "has no CUDA backend" in text,
+          "the message must say whether the build or the host lacks CUDA", p)
+    check(no_outputs(out), "nothing may be published", p)
+    p = infer(r, model, data, out, "--infer.precision=bf16")
+    expect_exit(p, EXIT_CONFIG, "infer.precision = bf16", "set infer.precision = fp32")
+    check(no_outputs(out), "nothing may be published", p)
+
+
 # Rank-independent checks (the model format against PyTorch, argument and input errors) run at
 # 2 ranks only, to keep CI short: test_model_file and test_infer cover model reading and agreed
 # errors at 1, 2 and 4 ranks.
 AT_2_RANKS_ONLY = ("test_pytorch_model_matches_torch_forward",
-                   "test_bad_inputs_give_clear_errors_and_no_output")
+                   "test_bad_inputs_give_clear_errors_and_no_output",
+                   "test_cuda_backend_where_it_cannot_run")
 
 if __name__ == "__main__":
     ALL = [test_fashion_mnist_matches_numpy, test_identical_across_world_sizes_and_speculation,
@@ -390,6 +415,7 @@ if __name__ == "__main__":
            test_pytorch_model_matches_torch_forward,
            test_default_pipeline_matches_the_trainers_evaluation,
            test_checkpoint_plain_input_and_regression_models,
-           test_bad_inputs_give_clear_errors_and_no_output]
+           test_bad_inputs_give_clear_errors_and_no_output,
+           test_cuda_backend_where_it_cannot_run]
     RANKS = int(sys.argv[2])
     main([t for t in ALL if RANKS == 2 or t.__name__ not in AT_2_RANKS_ONLY])

@@ -1,4 +1,5 @@
-// The compute thread: forward passes stripe by stripe into their unit's logits, the test hooks
+// The compute thread: the engine's work stripe by stripe (forward passes into the unit's logits
+// on the cpu, the whole device pipeline on a GPU), the test hooks
 // that make a rank slow, and the events that tell the main thread which buffers are free again.
 #include "compute_thread.hpp"
 
@@ -33,8 +34,8 @@ void spin_unless(std::chrono::duration<double> d, const std::atomic<bool>& cance
 
 }  // namespace
 
-ComputeThread::ComputeThread(Scorer& scorer, SlowDown slow, std::size_t wake_after)
-    : scorer_(scorer), slow_(slow), wake_after_(std::max<std::size_t>(wake_after, 1)) {
+ComputeThread::ComputeThread(Engine& engine, SlowDown slow, std::size_t wake_after)
+    : engine_(engine), slow_(slow), wake_after_(std::max<std::size_t>(wake_after, 1)) {
   thread_ = std::thread([this] { loop(); });
   ::pthread_setname_np(thread_.native_handle(), "locus-compute");  // for top -H, perf
 }
@@ -84,6 +85,11 @@ double ComputeThread::cpu_seconds() {
 
 void ComputeThread::loop() {
   std::unique_lock lock(m_);
+  try {
+    engine_.on_compute_thread();
+  } catch (...) {
+    error_ = std::current_exception();  // reported with the first stripe's events
+  }
   while (true) {
     work_.wait(lock, [this] { return quit_ || !todo_.empty(); });
     if (quit_) return;
@@ -120,9 +126,7 @@ void ComputeThread::run(Stripe& s) {
     return u.cancel.load(std::memory_order_relaxed);
   };
   if (u.completed && !u.cancel.load()) {
-    const auto c = static_cast<std::size_t>(scorer_.outputs());
-    const std::span<float> logits(u.logits.data() + (s.first_row - u.rows.begin) * c, s.rows * c);
-    u.completed = scorer_.forward(u.origin, s.first_row, s.x, logits, stop);
+    u.completed = engine_.run(s, stop);
   } else {
     u.completed = false;
   }

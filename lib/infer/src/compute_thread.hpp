@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine.hpp"
 #include "locus/infer/scorer.hpp"
 #include "locus/io/dataset.hpp"
 
@@ -29,16 +30,18 @@ struct SlowDown {
 };
 
 // A unit claimed by this rank. The main thread fills it in and owns it, except for what the
-// compute thread writes while the unit has stripes queued: logits (each stripe its own rows)
-// and completed; the main thread reads those once the unit is reported done.
+// compute thread writes while the unit has stripes queued: logits or an engine's result
+// buffers (each stripe its own rows) and completed; the main thread reads those once the unit
+// is reported done.
 struct UnitWork {
+  int slot = 0;            // which of the loop's two units this is (an engine's buffers)
   std::int64_t unit = -1;  // -1: free
   bool speculative = false;
   h5::RowRange rows;
   std::uint64_t origin = 0;     // start of the unit's batch grid
   std::uint64_t next_read = 0;  // first row not yet in a stripe
   std::vector<std::int32_t> y;  // labels of the unit's rows (empty: none)
-  std::vector<float> logits;    // [rows, outputs]
+  std::vector<float> logits;    // [rows, outputs] (cpu engine)
   Scores scores;                // the main thread's post-processing of logits
   bool completed = true;        // every stripe's forward pass ran to the end
   std::atomic<bool> cancel{false};  // another rank finished the unit first (or unwinding)
@@ -52,13 +55,13 @@ struct Stripe {
   std::span<float> x;                // [rows, inputs]; empty for a cancelled unit's remainder
 };
 
-// Runs the forward passes of submitted stripes in order; no MPI, no HDF5. It wakes the main
+// Runs the engine on submitted stripes in order; no MPI, no HDF5. It wakes the main
 // thread once wake_after stripes are free (or a unit is done, or it runs out of stripes) rather
 // than after every stripe: each wake-up costs both threads system calls, which on the project's
 // VM added up to 1% of the compute time at one per stripe.
 class ComputeThread {
  public:
-  ComputeThread(Scorer& scorer, SlowDown slow, std::size_t wake_after);
+  ComputeThread(Engine& engine, SlowDown slow, std::size_t wake_after);
   ComputeThread(const ComputeThread&) = delete;
   ComputeThread& operator=(const ComputeThread&) = delete;
   ~ComputeThread();  // finishes the stripe in hand (cancel units to make that quick), joins
@@ -82,7 +85,7 @@ class ComputeThread {
   void loop();
   void run(Stripe& s);
 
-  Scorer& scorer_;
+  Engine& engine_;
   SlowDown slow_;
   std::size_t wake_after_;
   double busy_ = 0;  // under m_

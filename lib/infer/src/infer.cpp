@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "engine.hpp"
 #include "input.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
@@ -71,6 +72,7 @@ struct Job {
   const mpi::Comm& comm;
   const InferOptions& opts;
   const train::Mlp& model;
+  detail::EngineChoice engine;
   detail::InputInfo input;
   PredictionLayout layout;
   PredictionProvenance prov;
@@ -88,8 +90,10 @@ struct Scored {
 Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std::uint64_t end,
                   bool sync, const char* hook_point) {
   const mpi::Comm& comm = job.comm;
-  Scorer scorer(job.model, {.kind = job.layout.kind, .top_k = job.layout.top_k,
-                            .batch_rows = static_cast<int>(job.layout.batch_rows)});
+  const std::unique_ptr<detail::Engine> engine = detail::make_engine(
+      job.engine, job.model,
+      {.kind = job.layout.kind, .top_k = job.layout.top_k,
+       .batch_rows = static_cast<int>(job.layout.batch_rows)});
   // Every rank reads its units through its own read-only handle: no collective on the input.
   const bool labelled = job.input.has_labels && job.layout.kind == OutputKind::probabilities;
   detail::LocalInput in(job.opts.input, job.opts.features, labelled ? job.opts.labels : "");
@@ -100,7 +104,7 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
   const double t0 = MPI_Wtime();
   Scored res;
   WorkQueue queue(comm, grid.units(), job.opts.speculate, 2, job.opts.schedule);
-  res.loop = detail::run_units(queue, grid, scorer, in, out, comm.rank(),
+  res.loop = detail::run_units(queue, grid, *engine, in, out, comm.rank(),
                                is_slow ? detail::SlowDown{job.opts.slow_factor, job.opts.slow_ms}
                                        : detail::SlowDown{},
                                job.opts.read_rows);
@@ -238,6 +242,9 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
     check_options(opts, exists);
     train::set_blas_threads(opts.blas_threads);
   });
+  // Collective (the node-local split that picks a GPU), so outside the check above.
+  detail::EngineChoice engine;
+  mpi::agree_on(comm, [&] { engine = detail::choose_engine(comm, opts); });
   train::ModelInfo info;
   const train::Mlp model = train::read_model_file(comm, opts.model, &info);
   const detail::InputInfo input = detail::inspect_input(comm, opts, model, opts.model);
@@ -247,7 +254,7 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
     Scorer check(model, {.kind = kind, .top_k = opts.top_k, .batch_rows = opts.batch_rows});
   });
   const auto batch = static_cast<std::uint64_t>(opts.batch_rows);
-  Job job{comm, opts, model, input,
+  Job job{comm, opts, model, engine, input,
           {.kind = kind, .outputs = model.layout().output_width(), .top_k = opts.top_k,
            .record_writer = opts.record_writer,
            .unit_rows = opts.unit_rows > 0 ? opts.unit_rows
@@ -277,6 +284,7 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   r.metrics = reduce_metrics(comm, s.loop, input.has_labels && kind == OutputKind::probabilities);
   r.seconds = s.seconds;
   r.seconds_durable = s.seconds_durable;
+  r.compute = engine.description;
   r.report_path = opts.report.empty() ? opts.output + ".report.json" : opts.report;
   r.seconds_total = MPI_Wtime() - t_start;
   const std::string json = report_json(opts, r);

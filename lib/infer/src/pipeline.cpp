@@ -1,8 +1,9 @@
 // The scoring loop's main thread: claims units (two at most: one computing, the next being
 // read), reads them stripe by stripe into a ring of buffers just ahead of the compute thread,
-// post-processes (softmax, argmax, metrics) and writes the units it won, and polls for
-// stragglers. The compute thread only runs forward passes, and never waits for this thread as
-// long as the ring holds a stripe.
+// finishes (softmax, argmax, metrics on the cpu; metrics from the device's outputs on a GPU)
+// and writes the units it won, and polls for stragglers. The compute thread runs the engine
+// (forward passes, or the device pipeline), and never waits for this thread as long as the
+// ring holds a stripe.
 #include "pipeline.hpp"
 
 #include <mpi.h>
@@ -39,14 +40,16 @@ std::size_t ring_stripes(std::uint64_t stripe_rows, std::uint64_t unit_rows, std
 
 class Loop {
  public:
-  Loop(WorkQueue& q, const UnitGrid& g, Scorer& sc, LocalInput& in, PredictionFile& out,
+  Loop(WorkQueue& q, const UnitGrid& g, Engine& sc, LocalInput& in, PredictionFile& out,
        int rank, const SlowDown& slow, std::uint64_t read_rows)
-      : queue_(q), grid_(g), scorer_(sc), in_(in), out_(out), rank_(rank),
+      : queue_(q), grid_(g), engine_(sc), in_(in), out_(out), rank_(rank),
         stripe_rows_(stripe_rows(read_rows, static_cast<std::uint64_t>(sc.spec().batch_rows),
                                  g.unit_rows, in.cols())),
         stripes_(ring_stripes(stripe_rows_, g.unit_rows, in.cols())),
         ring_(stripes_.size() * stripe_rows_ * in.cols()),
+        attached_(sc.attach(ring_, stripe_rows_, g.unit_rows)),
         worker_(sc, slow, stripes_.size() / 2) {
+    units_[1].slot = 1;
     res_.unit_loss.assign(static_cast<std::size_t>(g.units()), 0.0);
     res_.metrics.reset(in.has_labels() ? sc.outputs() : 0);
   }
@@ -129,7 +132,7 @@ class Loop {
     u.next_read = u.rows.begin;
     u.y.resize(in_.has_labels() ? u.rows.count : 0);
     if (!u.y.empty()) in_.read_labels(u.rows.begin, u.y);
-    u.logits.resize(u.rows.count * static_cast<std::size_t>(scorer_.outputs()));
+    engine_.start_unit(u);
     u.completed = true;
     u.cancel = false;
     res_.stats.seconds_read += MPI_Wtime() - t0;
@@ -188,7 +191,7 @@ class Loop {
     if (u.completed && queue_.try_win(u.unit)) {
       comm::progress("writing the predictions of unit {}", u.unit);
       const double t0 = MPI_Wtime();
-      scorer_.finish(u.logits, u.y, u.scores);
+      engine_.finish(u);
       out_.write(u.rows.begin, u.scores, rank_);
       queue_.wrote(u.unit);
       out_.start_writeback();  // overlap the disk writes with the remaining units
@@ -208,7 +211,7 @@ class Loop {
 
   WorkQueue& queue_;
   UnitGrid grid_;
-  Scorer& scorer_;
+  Engine& engine_;
   LocalInput& in_;
   PredictionFile& out_;
   int rank_;
@@ -216,6 +219,7 @@ class Loop {
   UnitWork units_[2];
   std::vector<Stripe> stripes_;
   std::vector<float, HugePageAllocator<float>> ring_;  // stripes_.size() x stripe_rows_ rows
+  std::unique_ptr<Engine::Attachment> attached_;       // released after worker_ is joined
   ComputeThread::Events events_;
   ComputeThread worker_;  // last: joined before the units and stripes it uses are destroyed
   LoopResult res_;
@@ -234,10 +238,10 @@ std::uint64_t stripe_rows(std::uint64_t read_rows, std::uint64_t batch_rows,
   return std::min(round_up(wanted), round_up(unit_rows));
 }
 
-LoopResult run_units(WorkQueue& queue, const UnitGrid& grid, Scorer& scorer,
+LoopResult run_units(WorkQueue& queue, const UnitGrid& grid, Engine& engine,
                      LocalInput& input, PredictionFile& out, int rank,
                      const SlowDown& slow, std::uint64_t read_rows) {
-  return Loop(queue, grid, scorer, input, out, rank, slow, read_rows).run();
+  return Loop(queue, grid, engine, input, out, rank, slow, read_rows).run();
 }
 
 }  // namespace locus::infer::detail

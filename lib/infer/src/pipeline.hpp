@@ -12,6 +12,7 @@
 #include "locus/infer/scorer.hpp"
 #include "locus/infer/work_queue.hpp"
 #include "compute_thread.hpp"
+#include "engine.hpp"
 #include "input.hpp"
 #include "locus/io/dataset.hpp"
 
@@ -49,7 +50,7 @@ std::uint64_t stripe_rows(std::uint64_t read_rows, std::uint64_t batch_rows,
                           std::uint64_t unit_rows, std::uint64_t cols);
 
 // Local to this rank except for the one-sided queue operations; every rank calls it once.
-LoopResult run_units(WorkQueue& queue, const UnitGrid& grid, Scorer& scorer,
+LoopResult run_units(WorkQueue& queue, const UnitGrid& grid, Engine& engine,
                      LocalInput& input, PredictionFile& out, int rank,
                      const SlowDown& slow, std::uint64_t read_rows = 0);
 

@@ -1,5 +1,5 @@
 // The compute backend factory (the one place that knows which backends this build has) and
-// what every backend shares: precision names and argmax hits.
+// what every backend shares: argmax hits (precision names: model/precision.cpp).
 #include "locus/train/compute.hpp"
 
 #include <fmt/format.h>
@@ -15,23 +15,6 @@
 #endif
 
 namespace locus::train {
-
-Precision parse_precision(std::string_view name) {
-  if (name == "fp32") return Precision::fp32;
-  if (name == "tf32") return Precision::tf32;
-  if (name == "bf16") return Precision::bf16;
-  throw ConfigError(fmt::format("train.precision = '{}' is unknown: use fp32, tf32 or bf16",
-                                name));
-}
-
-std::string_view to_string(Precision p) noexcept {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::tf32: return "tf32";
-    case Precision::bf16: return "bf16";
-  }
-  return "?";
-}
 
 std::string available_backends() {
 #if LOCUS_WITH_CUDA

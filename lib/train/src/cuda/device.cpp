@@ -66,7 +66,7 @@ std::string describe_devices() {
   return text;
 }
 
-DeviceInfo select_device(const mpi::Comm& world, int requested) {
+DeviceInfo select_device(const mpi::Comm& world, int requested, std::string_view section) {
   MPI_Comm node = MPI_COMM_NULL;
   LOCUS_MPI_CHECK(MPI_Comm_split_type(world.get(), MPI_COMM_TYPE_SHARED, world.rank(),
                                       MPI_INFO_NULL, &node));
@@ -78,17 +78,17 @@ DeviceInfo select_device(const mpi::Comm& world, int requested) {
   std::string why;
   const int count = device_count(why);
   if (count == 0) {
-    throw ConfigError(fmt::format("train.backend = cuda, but host {} has no usable GPU: {}. "
-                                  "Available here: cpu (set train.backend = cpu), or run on a "
+    throw ConfigError(fmt::format("{0}.backend = cuda, but host {1} has no usable GPU: {2}. "
+                                  "Available here: cpu (set {0}.backend = cpu), or run on a "
                                   "GPU node",
-                                  mpi::hostname(), why));
+                                  section, mpi::hostname(), why));
   }
   if (requested >= count) {
-    throw ConfigError(fmt::format("train.device = {}, but host {} has {} visible device{} "
-                                  "(0..{}): set train.device = -1 (node-local rank modulo the "
+    throw ConfigError(fmt::format("{0}.device = {1}, but host {2} has {3} visible device{4} "
+                                  "(0..{5}): set {0}.device = -1 (node-local rank modulo the "
                                   "devices) or a valid index",
-                                  requested, mpi::hostname(), count, count == 1 ? "" : "s",
-                                  count - 1));
+                                  section, requested, mpi::hostname(), count,
+                                  count == 1 ? "" : "s", count - 1));
   }
   const int index = requested >= 0 ? requested : local_rank % count;
   LOCUS_CUDA_CHECK(cudaSetDevice(index));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "locus/comm/mpi.hpp"
 #include "locus/train/compute.hpp"
@@ -26,7 +27,9 @@ std::string describe_backend(Precision precision, const DeviceInfo& device);
 
 // Collective over world: the node-local rank (MPI_Comm_split_type SHARED) modulo the visible
 // devices, or `requested` when >= 0; made current with cudaSetDevice. ConfigError (not agreed
-// here) when the host has no usable device or `requested` is out of range.
-DeviceInfo select_device(const mpi::Comm& world, int requested);
+// here) when the host has no usable device or `requested` is out of range, naming the keys of
+// `section` ("train": train.backend, train.device; "infer": infer.backend, infer.device).
+DeviceInfo select_device(const mpi::Comm& world, int requested,
+                         std::string_view section = "train");
 
 }  // namespace locus::train::cuda

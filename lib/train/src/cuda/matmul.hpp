@@ -19,7 +19,7 @@
 #include <tuple>
 
 #include "cuda/memory.hpp"
-#include "locus/train/compute.hpp"
+#include "locus/train/model/precision.hpp"
 
 namespace locus::train::cuda {
 

@@ -38,6 +38,15 @@ struct InferOptions {
   // the r-th contiguous block of units, no speculation.
   Schedule schedule = Schedule::dynamic;
   int blas_threads = 1;                // identical on every rank (results depend on it)
+  // Where the forward passes run: "cpu" (OpenBLAS, the reference) or "cuda" (one GPU per rank:
+  // the batches copied to the device, the forward pass, softmax, argmax, top-k and the
+  // per-row log-loss computed there, only the outputs copied back). precision: fp32 | tf32 |
+  // bf16 as train.precision (cpu: fp32 only). device: cuda, -1 = the node-local rank modulo
+  // the visible devices. Output bytes depend on these (and on the device kind), not on the
+  // world size or the schedule.
+  std::string backend = "cpu";
+  std::string precision = "fp32";
+  int device = -1;
   bool record_writer = false;          // add /writer (who wrote each row)
   bool overwrite = false;              // replace an existing output
   bool incremental = false;            // score only rows beyond the output's watermark
@@ -88,6 +97,7 @@ struct InferResult {
   double seconds_total = 0;                  // including setup and publication
   bool incremental = false;
   std::string report_path;
+  std::string compute;  // "cpu (OpenBLAS, 1 thread)" or "cuda fp32 on device 0 NVIDIA ..." (rank 0)
 };
 
 // Collective over comm. ConfigError for bad options or an existing output without

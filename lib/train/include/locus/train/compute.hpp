@@ -26,22 +26,14 @@
 #include "locus/comm/reducer.hpp"
 #include "locus/train/model/backward.hpp"
 #include "locus/train/model/loss.hpp"
+#include "locus/train/model/precision.hpp"
 #include "locus/train/train_state.hpp"
 
 namespace locus::train {
 
 struct HostMemory;  // data/loader.hpp
 
-// Arithmetic of the matrix products on a device backend (train.precision):
-//   fp32: full float32 (the CPU's arithmetic; the default: results comparable with the CPU
-//         reference, and PyTorch's default for float32 matmuls since 1.12);
-//   tf32: float32 storage, tensor-core products with 10-bit mantissas (~3e-4 relative);
-//   bf16: bf16 operands with float32 accumulation; float32 master weights, optimizer state,
-//         activations' epilogues and loss (relative error 1e-3..1e-2 per product).
-// The CPU backend computes in float32 whatever this says (it accepts only fp32).
-enum class Precision { fp32, tf32, bf16 };
-Precision parse_precision(std::string_view name);  // ConfigError naming the choices
-std::string_view to_string(Precision p) noexcept;
+// Precision (fp32 | tf32 | bf16): locus/train/model/precision.hpp.
 
 struct ComputeOptions {
   std::string backend = "cpu";  // "cpu" | "cuda"

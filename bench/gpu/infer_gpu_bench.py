@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""locus-infer on the GPU against h5py + PyTorch CUDA, end to end on the same >= 1M-row file
+(bench/RESULTS.md, "GPU inference"). Both read the same bytes (an HDF5 file of float32 features
+[N, 784] and int32 labels, page-cached after it is written), score them with the same random
+784-256-128-10 ReLU model (softmax probabilities, argmax, top-3, accuracy and log-loss) and
+write the same datasets, made durable (fsync) at the end.
+
+  locus:   locus-infer --infer.backend=cuda, 1 rank (the time from its report: setup, scoring,
+           publication; and the process's wall time including MPI and CUDA start-up); also
+           --ranks N (default 4) ranks sharing the GPU under mpirun, reading in parallel
+  PyTorch: h5py reads of BLOCK rows -> pinned tensor -> .cuda(non_blocking) -> the model ->
+           softmax/argmax/topk -> .cpu() -> h5py writes of the block, then flush + fsync
+           (CUDA context and cuBLAS warmed up first, not timed; its process wall time is also
+           printed)
+  bound:   min(file read bandwidth, H2D bandwidth) / bytes per row: the warm read of the whole
+           file into memory (os.readv into one buffer) and a pinned 256 MiB host->device copy
+
+Prints the measurements, then one summary line starting with 'infer_gpu' (run_gpu.sh's table).
+  infer_gpu_bench.py --apps BUNDLE/apps --work DIR [--rows 1048576] [--batch 8192] [--out TSV]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+WIDTHS = [784, 256, 128, 10]
+TOP_K = 3
+
+
+def make_input(path, rows, seed=0):
+    """float32 features in [0, 1) (a 65536-row random block tiled) and int32 labels, chunked
+    by 4096 rows as locus-ingest writes them."""
+    rng = np.random.default_rng(seed)
+    block = rng.random((65536, WIDTHS[0]), dtype=np.float32)
+    with h5py.File(path, "w") as f:
+        x = f.create_dataset("features", (rows, WIDTHS[0]), np.float32, chunks=(4096, WIDTHS[0]))
+        for lo in range(0, rows, len(block)):
+            hi = min(rows, lo + len(block))
+            x[lo:hi] = block[: hi - lo]
+        f["labels"] = rng.integers(0, WIDTHS[-1], size=rows).astype(np.int32)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def write_model(path, seed=1):
+    rng = np.random.default_rng(seed)
+    with h5py.File(path, "w") as f:
+        for i in range(len(WIDTHS) - 1):
+            f[f"layers.{i}.weight"] = (rng.standard_normal((WIDTHS[i + 1], WIDTHS[i])) *
+                                       np.sqrt(2.0 / WIDTHS[i])).astype(np.float32)
+            f[f"layers.{i}.bias"] = (rng.standard_normal(WIDTHS[i + 1]) * 0.1).astype(np.float32)
+        f.attrs["locus_format"] = "locus-model"
+        f.attrs["schema_version"] = 1
+        f.attrs["widths"] = np.array(WIDTHS, dtype=np.int64)
+        f.attrs["activation"] = "relu"
+        f.attrs["loss"] = "cross_entropy"
+
+
+def read_bandwidth(path, repeats=3):
+    """GB/s of reading the whole (page-cached) file into one buffer, best of `repeats`."""
+    size = os.path.getsize(path)
+    buf = bytearray(size)
+    view = memoryview(buf)
+    best = 0.0
+    for _ in range(repeats):
+        fd = os.open(path, os.O_RDONLY)
+        t = time.perf_counter()
+        got = 0
+        while got < size:
+            n = os.readv(fd, [view[got:min(size, got + (64 << 20))]])
+            if n <= 0:
+                break
+            got += n
+        dt = time.perf_counter() - t
+        os.close(fd)
+        best = max(best, got / dt / 1e9)
+    return best
+
+
+def h2d_bandwidth(torch):
+    n = 256 << 20
+    src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        best = max(best, n / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def run_locus(apps, model, data, out, batch, ranks=1, extra=()):
+    launch = [] if ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe",
+                                    "--bind-to", "none", "-n", str(ranks)]
+    cmd = [*launch, os.path.join(apps, "locus-infer"), f"--infer.model={model}", f"--infer.input={data}",
+           f"--infer.output={out}", "--infer.backend=cuda", f"--infer.batch_rows={batch}",
+           f"--infer.top_k={TOP_K}", "--overwrite", *extra]
+    env = dict(os.environ, OMPI_MCA_ess_singleton_isolated="1")
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"locus-infer failed (rc {p.returncode}):\n{p.stdout}\n{p.stderr}")
+    with open(out + ".report.json") as f:
+        rep = json.load(f)
+    return wall, rep, p.stdout
+
+
+def run_torch(torch, model_path, data, out, block):
+    dev = torch.device("cuda")
+    with h5py.File(model_path, "r") as f:
+        layers = []
+        for i in range(len(WIDTHS) - 1):
+            lin = torch.nn.Linear(WIDTHS[i], WIDTHS[i + 1])
+            lin.weight.data = torch.from_numpy(f[f"layers.{i}.weight"][:])
+            lin.bias.data = torch.from_numpy(f[f"layers.{i}.bias"][:])
+            layers += [lin, torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers[:-1]).eval().to(dev)
+    with torch.no_grad():  # warm-up: context, cuBLAS handles, kernels (not timed)
+        net(torch.zeros(block, WIDTHS[0], device=dev)).softmax(1).topk(TOP_K, 1)
+    torch.cuda.synchronize()
+    c = WIDTHS[-1]
+    t = time.perf_counter()
+    with h5py.File(data, "r") as fin, h5py.File(out, "w") as fout, torch.no_grad():
+        x, y = fin["features"], fin["labels"]
+        n = x.shape[0]
+        scores = fout.create_dataset("scores", (n, c), np.float32)
+        pred = fout.create_dataset("predicted", (n,), np.int32)
+        tkc = fout.create_dataset("topk_classes", (n, TOP_K), np.int32)
+        tks = fout.create_dataset("topk_scores", (n, TOP_K), np.float32)
+        pinned = torch.empty((block, WIDTHS[0]), dtype=torch.float32, pin_memory=True)
+        correct, loss = 0, 0.0
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            host = pinned[: hi - lo]
+            x.read_direct(host.numpy(), np.s_[lo:hi])
+            z = net(host.to(dev, non_blocking=True))
+            p = z.softmax(1)
+            v, i = p.topk(TOP_K, 1)
+            labels = torch.from_numpy(y[lo:hi]).to(dev).long()
+            loss += float(torch.nn.functional.cross_entropy(z.double(), labels, reduction="sum"))
+            correct += int((i[:, 0] == labels).sum())
+            scores[lo:hi] = p.cpu().numpy()
+            pred[lo:hi] = i[:, 0].int().cpu().numpy()
+            tkc[lo:hi] = i.int().cpu().numpy()
+            tks[lo:hi] = v.cpu().numpy()
+        fout.flush()
+        os.fsync(fout.id.get_vfd_handle())
+    return time.perf_counter() - t, correct / n, loss / n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--apps", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--rows", type=int, default=1 << 20)
+    ap.add_argument("--batch", type=int, default=8192, help="locus infer.batch_rows")
+    ap.add_argument("--block", type=int, default=65536, help="PyTorch rows per h5py read")
+    ap.add_argument("--ranks", type=int, default=4, help="also run locus-infer on this many ranks (0: no)")
+    ap.add_argument("--out", default="", help="TSV of the figures")
+    a = ap.parse_args()
+    import torch
+    if not torch.cuda.is_available():
+        print("infer_gpu: no GPU (torch.cuda.is_available() is False): not run")
+        return 0
+    os.makedirs(a.work, exist_ok=True)
+    data, model = os.path.join(a.work, "infer-input.h5"), os.path.join(a.work, "infer-model.h5")
+    t = time.perf_counter()
+    make_input(data, a.rows)
+    write_model(model)
+    size = os.path.getsize(data)
+    row_bytes = WIDTHS[0] * 4 + 4  # what both read per row: features and the label
+    print(f"input {data}: {a.rows} rows, {size / 1e9:.2f} GB ({time.perf_counter() - t:.1f} s to write)")
+    read_gbs = read_bandwidth(data)
+    h2d_gbs = h2d_bandwidth(torch)
+    bound = min(read_gbs, h2d_gbs) * 1e9 / row_bytes
+    print(f"file read (warm) {read_gbs:.2f} GB/s, pinned H2D {h2d_gbs:.2f} GB/s, {row_bytes} B/row: "
+          f"bound {bound / 1e6:.2f} M rows/s ({'read' if read_gbs < h2d_gbs else 'H2D'}-bound)")
+
+    res = {}
+    for name in ("locus", "torch", "locus", "torch"):  # alternated; the better of two each
+        if name == "locus":
+            wall, rep, text = run_locus(a.apps, model, data, os.path.join(a.work, "locus-out.h5"), a.batch)
+            s = rep["seconds_total"]
+            print(f"locus-infer: {s:.3f} s in run_inference (scoring {rep['seconds']:.3f} s), "
+                  f"{wall:.3f} s process wall; accuracy {rep['metrics']['accuracy']:.4f}, "
+                  f"log-loss {rep['metrics']['log_loss']:.5f}; {text.splitlines()[1].strip()}")
+            r = res.setdefault("locus", {"s": 1e9, "wall": 1e9})
+            r["s"], r["wall"] = min(r["s"], s), min(r["wall"], wall)
+            r["acc"], r["loss"] = rep["metrics"]["accuracy"], rep["metrics"]["log_loss"]
+        else:
+            s, acc, loss = run_torch(torch, model, data, os.path.join(a.work, "torch-out.h5"), a.block)
+            print(f"h5py + PyTorch: {s:.3f} s (after warm-up); accuracy {acc:.4f}, log-loss {loss:.5f}")
+            r = res.setdefault("torch", {"s": 1e9})
+            r["s"] = min(r["s"], s)
+            r["acc"], r["loss"] = acc, loss
+    if a.ranks > 1:
+        best = 1e9
+        for _ in range(2):
+            wall, rep, _ = run_locus(a.apps, model, data, os.path.join(a.work, "locus-np.h5"),
+                                     a.batch, ranks=a.ranks)
+            best = min(best, rep["seconds_total"])
+        print(f"locus-infer, {a.ranks} ranks on the one GPU: {best:.3f} s in run_inference "
+              f"({a.rows / best / 1e6:.2f} M rows/s)")
+        res["locus_np"] = {"s": best}
+    with h5py.File(os.path.join(a.work, "locus-out.h5"), "r") as f1, \
+            h5py.File(os.path.join(a.work, "torch-out.h5"), "r") as f2:
+        n = min(a.rows, 262144)
+        dp = float(np.abs(f1["scores"][:n] - f2["scores"][:n]).max())
+        agree = float(np.mean(f1["predicted"][:n] == f2["predicted"][:n]))
+    print(f"locus vs PyTorch on the first {n} rows: max |p| difference {dp:.2e}, argmax agreement {agree:.5f}")
+    lr, tr = a.rows / res["locus"]["s"], a.rows / res["torch"]["s"]
+    line = (f"infer_gpu rows={a.rows} locus={res['locus']['s']:.3f}s ({lr / 1e6:.2f} Mrows/s) "
+            f"torch={res['torch']['s']:.3f}s ({tr / 1e6:.2f} Mrows/s) speedup={lr / tr:.2f}x "
+            f"bound={bound / 1e6:.2f} Mrows/s ({'read' if read_gbs < h2d_gbs else 'H2D'} {min(read_gbs, h2d_gbs):.1f} GB/s) "
+            f"locus/bound={lr / bound:.2f} locus_wall={res['locus']['wall']:.3f}s")
+    if "locus_np" in res:
+        nr = a.rows / res["locus_np"]["s"]
+        line += f" locus_np{a.ranks}={res['locus_np']['s']:.3f}s ({nr / tr:.2f}x torch, {nr / bound:.2f} of bound)"
+    print(line)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write("rows\tlocus_s\tlocus_wall_s\ttorch_s\tspeedup\tread_GB_s\th2d_GB_s\tbound_rows_s\tlocus_over_bound\tmax_dp\targmax_agree\n")
+            f.write(f"{a.rows}\t{res['locus']['s']:.4f}\t{res['locus']['wall']:.4f}\t{res['torch']['s']:.4f}\t"
+                    f"{lr / tr:.3f}\t{read_gbs:.3f}\t{h2d_gbs:.3f}\t{bound:.0f}\t{lr / bound:.3f}\t{dp:.3e}\t{agree:.6f}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
