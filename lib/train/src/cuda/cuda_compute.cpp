@@ -368,16 +368,15 @@ double CudaCompute::last_grad_norm() {
   return norm;
 }
 
-// The clipping kernel without clipping (max_norm 0 writes a scale of 1, which a clipped update
-// recomputes): the norm of the reduced gradient (finish() ordered compute_ after it), squared.
+// The sum of squares of the reduced gradient (finish() ordered compute_ after the reduction),
+// in the blocks and order of the clipping kernel, into norm_ (a clipped update rewrites it).
 double CudaCompute::grad_squares() {
-  grad_norm_and_scale(grads_.data(), n_, 0.0, norm_scratch_.data(), norm_.data(),
-                      grad_scale_.data(), compute_.get());
-  double norm = 0;
-  LOCUS_CUDA_CHECK(cudaMemcpyAsync(&norm, norm_.data(), sizeof(norm), cudaMemcpyDeviceToHost,
+  grad_sum_of_squares(dstate_.grads(), n_, norm_scratch_.data(), norm_.data(), compute_.get());
+  double sum = 0;
+  LOCUS_CUDA_CHECK(cudaMemcpyAsync(&sum, norm_.data(), sizeof(sum), cudaMemcpyDeviceToHost,
                                    compute_.get()));
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
-  return norm * norm;
+  return sum;
 }
 
 void CudaCompute::drain_stats(std::vector<LossStats>& out) {
