@@ -5,11 +5,15 @@
 # job is requeued, their nodes are added to the job's excluded nodes, so the next run is
 # scheduled elsewhere. See README, "Anomalies and stragglers", and docs/SLURM.md.
 #
+# Opt-in: only with LOCUS_EXCLUDE_STRAGGLERS=1 in the job's environment (a verdict taken on a
+# node shared with other work can be wrong, and excluding nodes of a small partition can leave
+# the job pending for good; docs/SLURM.md).
+#
 # Environment (optional):
 #   LOCUS_STRAGGLERS       the stragglers file (default: <checkpoint.dir>/stragglers, the
 #                          directory taken from the arguments or the [checkpoint] section of
 #                          the config file)
-#   LOCUS_EXCLUDE_STRAGGLERS=0  never exclude nodes
+#   LOCUS_EXCLUDE_STRAGGLERS=1  exclude the stragglers' nodes on requeue (default 0: never)
 
 # Prints the checkpoint directory of the training arguments "$@" (LOCUS_ARGS): the last
 # --checkpoint.dir, else `dir` in the [checkpoint] section of the --config file; "" if none.
@@ -48,7 +52,7 @@ locus_straggler_nodes() {
 # ExcNodeList, keeping the nodes already excluded. Logs what it did; never fails the script.
 locus_exclude_stragglers() {
   local job=$1 file nodes old
-  [ "${LOCUS_EXCLUDE_STRAGGLERS:-1}" = 0 ] && return 0
+  [ "${LOCUS_EXCLUDE_STRAGGLERS:-0}" = 1 ] || return 0
   file=${LOCUS_STRAGGLERS:-}
   if [ -z "$file" ]; then
     local dir

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The straggler mitigation end to end: slurm/train.sbatch runs the real locus-train on 2 ranks
-# with rank 1 slowed by a test hook (LOCUS_TEST_HOOK=train-step:delay30@1, passed on by sbatch);
+# with rank 1 slowed by a test hook (LOCUS_TEST_HOOK=train-step:delay30@1, passed on by sbatch)
+# and the exclusion turned on (LOCUS_EXCLUDE_STRAGGLERS=1);
 # the trainer reports rank 1 a straggler and writes <checkpoint.dir>/stragglers naming its Slurm
 # node; a USR1 makes it checkpoint and exit 75, the script requeues the job and adds that node
 # to the job's ExcNodeList. On this one-node cluster the requeued job then cannot start
@@ -18,7 +19,7 @@ cd "$LSC_WORK"
 
 ingest=$(locus_submit_fm_test_ingest)
 slurm_wait_state "$ingest" COMPLETED 120 || slurm_fail "the ingest job failed: $(cat ingest.log)"
-job=$(LOCUS_TEST_HOOK=train-step:delay30@1 slurm_submit -o train.log "$LOCUS_REPO/slurm/train.sbatch" \
+job=$(LOCUS_EXCLUDE_STRAGGLERS=1 LOCUS_TEST_HOOK=train-step:delay30@1 slurm_submit -o train.log "$LOCUS_REPO/slurm/train.sbatch" \
   --data.train=fm-test.h5 --data.test= --train.epochs=50 --train.log_every=5 \
   --train.straggler_intervals=2 --checkpoint.dir=ck --train.metrics=metrics.jsonl --eval.every=0)
 
