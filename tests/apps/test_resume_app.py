@@ -266,8 +266,13 @@ def test_write_failures_keep_the_previous_checkpoint(r, tmp):
     check(latest(ck)["latest"] == "ckpt-00000030.h5", f"latest {latest(ck)}")
     check(open(os.path.join(ck, "ckpt-00000030.h5"), "rb").read() == before,
           "the previous checkpoint changed")
-    check(sorted(os.listdir(ck)) == [".lock", "ckpt-00000020.h5", "ckpt-00000030.h5", "latest"],
-          f"left behind: {sorted(os.listdir(ck))}")
+    # A refused write ends the job without HDF5's collective close (which can deadlock when
+    # its own flush fails too; tests/chaos): the temporary file stays until the next save of
+    # that step (below) or retention removes it.
+    left = sorted(os.listdir(ck))
+    check(left in ([".ckpt-00000040.h5.locus-tmp", ".lock", "ckpt-00000020.h5", "ckpt-00000030.h5",
+                    "latest"], [".lock", "ckpt-00000020.h5", "ckpt-00000030.h5", "latest"]),
+          f"left behind: {left}")
     expect_exit(r.run("locus-ckpt", "verify", "ck", cwd=tmp), 0)
     # A save that outlasts checkpoint.save_timeout_s is given up; the run itself goes on.
     p = train(r, tmp, *wide, "--resume=auto", "--train.max_steps=40",
