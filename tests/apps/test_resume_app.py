@@ -176,6 +176,18 @@ def test_sigterm_to_one_rank_checkpoints_all_and_resumes_bitwise(r, tmp):
               "checkpoint attributes")
         check(int(f.attrs["samples_in_epoch"]) == stop % 63 * 32, "data position")
     check(0 < stop < 126, f"stopped at step {stop}")
+    # A resume killed while it rewrites the metrics file (kept lines up to the checkpoint) must
+    # leave the file as it was: it is replaced by a rename, never truncated in place (a kill
+    # between a truncation and the rewrite lost the lines for good; tests/chaos).
+    metrics = os.path.join(tmp, "p1.jsonl")
+    with open(metrics, "rb") as f:
+        before = f.read()
+    k = train(r, tmp, "--checkpoint.dir=ck", "--resume=auto", "--train.output=p.h5",
+              "--train.metrics=p1.jsonl", env={"LOCUS_TEST_HOOK": "metrics-before-rename:kill@0"})
+    check(k.returncode != 0 and "test hook 'metrics-before-rename'" in k.stderr,
+          "the resume must be killed at the hook", k)
+    with open(metrics, "rb") as f:
+        check(f.read() == before, "a resume killed while rewriting the metrics file changed it")
     # The resumed run writes the same metrics file: it keeps the lines up to the checkpoint
     # and appends, so the file reads as the uninterrupted run's.
     q = train(r, tmp, "--checkpoint.dir=ck", "--resume=auto", "--train.output=p.h5",

@@ -15,6 +15,7 @@
 
 #include "locus/comm/agree.hpp"
 #include "locus/comm/error.hpp"
+#include "locus/comm/test_hook.hpp"
 #include "locus/io/json.hpp"
 #include "locus/io/publish.hpp"
 
@@ -192,6 +193,7 @@ std::FILE* replace_with(const std::string& path, const std::string& kept) {
     ::unlink(temp.c_str());
     metrics_io_fail(fmt::format("cannot write '{}', the new version of", temp), path, err);
   }
+  test_hook("metrics-before-rename");
   if (std::rename(temp.c_str(), path.c_str()) != 0) {
     err = errno;
     ::unlink(temp.c_str());
