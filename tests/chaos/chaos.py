@@ -146,6 +146,16 @@ def reap(pid):
         pass
 
 
+RUNNING = set()  # the runs in progress, ended if the runner is interrupted
+
+
+def on_interrupt(signum, _frame):
+    for run in list(RUNNING):
+        run.find_ranks()
+        run.kill_all()
+    sys.exit(128 + signum)
+
+
 class Run:
     """One app run under mpirun, with the ranks found as mpirun's children."""
 
@@ -167,6 +177,7 @@ class Run:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self.ranks = []
         self.orphans_killed = 0
+        RUNNING.add(self)
 
     def find_ranks(self, wait_s=0.0):
         deadline = time.monotonic() + wait_s
@@ -249,6 +260,7 @@ class Run:
         return text
 
     def close(self):
+        RUNNING.discard(self)
         self.out.close()
         if os.path.exists(self.out_path + ".stacks"):
             os.replace(self.out_path + ".stacks", os.path.join(os.path.dirname(self.out_path),
@@ -963,6 +975,8 @@ def main():
     if missing:
         raise SystemExit(f"chaos: not built: {missing}; run scripts/build.sh (or build the targets "
                          "locus-ingest locus-train locus-infer locus-ckpt locus_chaos_write_fault)")
+    signal.signal(signal.SIGTERM, on_interrupt)
+    signal.signal(signal.SIGINT, on_interrupt)
     if not become_subreaper():
         raise SystemExit("chaos: prctl(PR_SET_CHILD_SUBREAPER) failed: orphaned ranks could not be reaped")
     tmp = None
