@@ -16,9 +16,11 @@ unless complete: the version from before the command (same bytes) or a complete 
 to an uninterrupted reference run's); the metrics file's lines are a prefix of the reference's;
 every checkpoint left verifies (locus-ckpt verify) and `latest` names one that exists. Then it
 reruns the same command (training with --resume=auto) until it exits 0 (bounded), and checks
-that the outputs equal the reference run's bit for bit (HDF5 datasets' bytes and every attribute
-but the timing/provenance ones listed in EXCLUDED_ATTRS, metrics lines but their documented
-timing fields), that every checkpoint verifies and that no temporary file remains.
+that the outputs equal the reference run's bit for bit (HDF5 objects, every dataset's bytes and
+every attribute, the `config` attribute without its `resume =` line; metrics lines without their
+documented timing fields; JSON reports without their times and per-rank scheduling figures),
+that every checkpoint verifies and that no temporary file remains. A stopped job must complete
+by itself.
 
 Write faults (--write-faults, and in --ci): the LD_PRELOAD shim of write_fault.c makes the
 writes of one output or of the checkpoints fail with ENOSPC or EIO; the app must exit 5 naming
@@ -30,6 +32,10 @@ invariant held, 1 otherwise (the violations and their replay commands are listed
   tests/chaos/chaos.py --injections 210 --seed 1            # a campaign
   tests/chaos/chaos.py --ci                                  # CI's bounded run (ctest -L chaos)
   tests/chaos/chaos.py --replay train/dp2-async/kill-rank/1.234/r1   # one injection again
+  tests/chaos/chaos.py --only-write-faults [--write-fault-case N]     # the write faults
+Runs happen under a temporary directory (/dev/shm when there: fsync is free), removed unless a
+violation was found (--keep keeps every run's directory); a run that hangs gets its stacks
+dumped with gdb (chaos-hang-stacks.txt) before it is killed.
 """
 import argparse
 import ctypes
@@ -63,15 +69,11 @@ RERUNS = 4            # reruns after a fault before the job counts as lost
 RUN_TIMEOUT_S = int(os.environ.get("LOCUS_CHAOS_RUN_TIMEOUT", "180"))  # one app run (a hang beyond it is a violation)
 ORPHAN_WAIT_S = 20    # after SIGKILL of mpirun: how long its orphaned ranks may take to go
 
-# Attributes that differ between two uninterrupted runs of the same command, and why they are
-# left out of the bitwise comparison (everything else, and every dataset's bytes, must match):
-EXCLUDED_ATTRS = {
-    # model files and checkpoints: the Unix time of the save / the run's random identity
-    "created": "Unix time of the write",
-    "run_id": "a fresh random id per training run (a resumed run keeps its checkpoint's)",
-    # prediction files: when the rows were scored
-    "scored_at": "time of the scoring",
-}
+# Attributes left out of the bitwise comparison of HDF5 outputs. None: datasets, model files
+# and prediction files carry no timestamp or run identity (checkpoints do: `created`, `run_id`;
+# they are verified with locus-ckpt, not compared), so every dataset's bytes and every
+# attribute must match, with one exception below.
+EXCLUDED_ATTRS = {}
 # The `config` attribute (the effective INI of the command that wrote a file) is compared
 # without its `resume = ...` line: a training rerun passes --resume=auto, the first run not.
 RESUME_LINE = re.compile(r"^resume = .*$", re.M)
@@ -908,7 +910,7 @@ def covering_order(cells, rng):
     return front + [c for c in order if c not in front]
 
 
-def plan(seed, count, apps, kinds, start=0):
+def plan(seed, count, apps, kinds, start=0, moments=(0.0, 1.0)):
     """Balanced: every app x kind in turn (shuffled per round), variant, moment, rank and
     suspension drawn from a generator seeded by (seed, index), so injection i is the same
     whatever the count."""
@@ -920,7 +922,8 @@ def plan(seed, count, apps, kinds, start=0):
         app, kind = order[pos]
         r = random.Random(f"{seed}:{i}")
         variant = f"{app}/{r.choice(VARIANTS[app])}"
-        out.append(dict(index=i, variant=variant, kind=kind, frac=r.random(),
+        frac = moments[0] + (moments[1] - moments[0]) * r.random()
+        out.append(dict(index=i, variant=variant, kind=kind, frac=frac,
                         rank=r.randrange(RANKS), stop_s=round(r.uniform(2.0, 5.0), 1)))
     return out
 
@@ -996,7 +999,8 @@ def main():
         raise SystemExit("chaos: prctl(PR_SET_CHILD_SUBREAPER) failed: orphaned ranks could not be reaped")
     tmp = None
     if not cfg.workdir:
-        tmp = tempfile.mkdtemp(prefix="locus-chaos-")
+        tmp = tempfile.mkdtemp(prefix="locus-chaos-",
+                               dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         cfg.workdir = tmp
     os.makedirs(cfg.workdir, exist_ok=True)
     me = os.path.relpath(__file__)
@@ -1010,7 +1014,11 @@ def main():
     log(f"chaos: inputs ready ({time.monotonic() - t_start:.1f} s)")
     results, wf_results = [], []
     if not cfg.only_write_faults:
-        specs = [parse_replay(cfg.replay)] if cfg.replay else plan(cfg.seed, cfg.injections, apps, kinds, cfg.start)
+        # CI draws its moments from the first 60% of the reference run, so that every fault
+        # lands while the job runs (a campaign draws from all of it: a fault may come late).
+        moments = (0.05, 0.6) if cfg.ci else (0.0, 1.0)
+        specs = [parse_replay(cfg.replay)] if cfg.replay else plan(
+            cfg.seed, cfg.injections, apps, kinds, cfg.start, moments)
         for s in specs:
             _, ref_secs = camp.reference(s["variant"])
             if "at" not in s:
@@ -1056,6 +1064,17 @@ def main():
     elapsed = time.monotonic() - t_start
     summarize(results, wf_results, elapsed, cfg)
     bad = [r for r in results + wf_results if r["problems"]]
+    if cfg.ci:
+        # CI must have exercised every kind and app: a fault that came after the job ended
+        # tests nothing.
+        for what, key in (("kind", lambda s: s["kind"]), ("app", lambda s: s["variant"].split("/")[0])):
+            wanted = set(kinds if what == "kind" else apps)
+            hit = {key(r["spec"]) for r in results if r["landed"]}
+            if wanted - hit:
+                log(f"chaos: CI coverage: no fault landed for {what}(s) {sorted(wanted - hit)}")
+                results.append(dict(problems=[f"no fault landed for {sorted(wanted - hit)}"],
+                                    replay=f"{base_cmd} --ci"))
+                bad.append(results[-1])
     if tmp and not bad and not cfg.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     if bad:
