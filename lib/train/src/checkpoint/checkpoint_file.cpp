@@ -325,7 +325,8 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
     });
     locked("close", [&] { file->close(); });
   } catch (const Error& e) {
-    if (e.agreed() && e.kind() == ErrorKind::io && file && file->is_open()) {
+    if (options.end_job_on_refused_write && e.agreed() && e.kind() == ErrorKind::io && file &&
+        file->is_open()) {
       // The file system refused a write into this file. HDF5's collective close would now
       // flush the metadata cache into it; when that flush fails as well (a full disk stays
       // full), the ranks leave H5Fclose through different collectives (one in the metadata
