@@ -26,6 +26,17 @@ void print_summary(const locus::io::IngestOptions& opts, const locus::io::Ingest
                    int ranks) {
   const auto& m = r.meta;
   const auto& rep = r.report;
+  if (r.already_appended) {
+    const std::string input = opts.source == locus::io::IngestOptions::Source::csv
+                                  ? opts.csv.path
+                                  : opts.idx.images + (opts.idx.labels.empty() ? ""
+                                                                               : " and " + opts.idx.labels);
+    fmt::print("nothing appended: {} (same path, size and CRC-32) is already the last input "
+               "appended to {} ({} rows): this append was done before, e.g. by a run killed or "
+               "preempted after it published, and is not repeated. To add the same rows again, "
+               "append a copy of the input under another name\n", input, opts.output, m.rows);
+    return;
+  }
   if (opts.validate_only) {
     fmt::print("validated {} rows x {} features on {} ranks: all {} gates passed (report: {})\n",
                rep.rows, rep.cols, ranks, rep.rules.size(),

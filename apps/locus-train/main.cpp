@@ -134,6 +134,9 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   }
   // From here on a rank that makes no progress for train.watchdog_s aborts the job.
   const comm::Watchdog watchdog(settings.watchdog_s, "train.watchdog_s");
+  // A checkpoint the file system refused ends the job (exit 5) rather than risk HDF5's
+  // collective close on a full disk (see WriteOptions::end_job_on_refused_write).
+  ckpt.end_job_on_refused_write = true;
   // First: from here on a preemption signal is a request to checkpoint, not a kill.
   std::optional<train::PreemptSignals> signals;
   if (!ckpt.signals.empty()) signals.emplace(ckpt.signals);

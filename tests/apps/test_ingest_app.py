@@ -304,6 +304,37 @@ def test_same_bytes_at_any_rank_count_schedule_or_straggler(r, tmp):
           sum(x["rerun_wins"] for x in ranks) >= 1, f"no speculation seen: {sched}")
 
 
+def test_append_rerun_after_its_publication_adds_nothing(r, tmp):
+    """A job killed after its append was published (before it exited) is rerun with the same
+    command (a requeued Slurm job, the chaos suite's reruns): the rows must not be added twice.
+    Found by tests/chaos (SIGKILL of mpirun at the end of an append: 5000 rows instead of 4000)."""
+    rng = np.random.default_rng(8)
+    rows = gaussian_rows(rng, 700)
+    a, b, full = (os.path.join(tmp, n) for n in ("a.csv", "b.csv", "full.csv"))
+    write_csv(a, HEADER, rows[:400])
+    write_csv(b, HEADER, rows[400:])
+    write_csv(full, HEADER, rows)
+    out, ref = os.path.join(tmp, "out.h5"), os.path.join(tmp, "full.h5")
+    expect_exit(csv_ingest(r, tmp, full, ref), 0)
+    expect_exit(csv_ingest(r, tmp, a, out), 0)
+    p = csv_ingest(r, tmp, b, out, "--append", env={"LOCUS_TEST_HOOK": "ingest-after-commit:kill@1"})
+    check(p.returncode != 0, "the append killed after its publication must fail", p)
+    published = os.path.join(tmp, "published.h5")
+    shutil.copy(out, published)
+    check(read_dataset(out)[0].shape[0] == 700, "the append was published before the kill")
+    p = csv_ingest(r, tmp, b, out, "--append")
+    expect_exit(p, 0, "nothing appended", "b.csv", "already the last input")
+    check(filecmp.cmp(out, published, shallow=False), "the rerun changed the dataset")
+    x, y, _ = read_dataset(out)
+    xr, yr, _ = read_dataset(ref)
+    check(np.array_equal(x, xr) and np.array_equal(y, yr), "rows differ from a full ingest")
+    # Another input (or the same rows under another name) is still appended.
+    again = os.path.join(tmp, "b-again.csv")
+    shutil.copy(b, again)
+    expect_exit(csv_ingest(r, tmp, again, out, "--append"), 0, "appended 300 rows")
+    check(read_dataset(out)[0].shape[0] == 1000, "a copy under another name must be appended")
+
+
 def formats_md_example(tmp):
     """Runs the 'Writing one by hand (h5py)' example of docs/FORMATS.md in tmp."""
     doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "FORMATS.md")
@@ -335,5 +366,6 @@ if __name__ == "__main__":
           test_bad_inputs_give_clear_errors_and_no_output,
           test_append_equals_full_ingest_and_survives_a_crash,
           test_same_bytes_at_any_rank_count_schedule_or_straggler,
+          test_append_rerun_after_its_publication_adds_nothing,
           test_documented_h5py_dataset_is_readable],
          once=[test_validate_only_writes_report_only, test_config_errors_name_the_key])

@@ -124,7 +124,8 @@ void write_rows_independent(const h5::Dataset& dset, std::uint64_t first_row,
   LOCUS_H5_CHECK(H5Sselect_hyperslab(filespace.get(), H5S_SELECT_SET, start.data(), nullptr,
                                      count.data(), nullptr));
   h5::Id memspace(LOCUS_H5_CHECK(H5Screate_simple(rank, count.data(), nullptr)));
-  LOCUS_H5_CHECK(H5Dwrite(dset.id(), mem_type, memspace.get(), filespace.get(), dxpl, data));
+  LOCUS_H5_WRITE_CHECK(h5::detail::file_of(dset.id()),
+                       H5Dwrite(dset.id(), mem_type, memspace.get(), filespace.get(), dxpl, data));
 }
 
 PredictionFile::PredictionFile(h5::File& file, PredictionLayout layout, h5::Dataset values)

@@ -263,8 +263,9 @@ void Dataset::transfer(bool write, std::span<const RowRange> ranges, std::size_t
     }
     void* buf = bytes + r0 * width * esize;
     if (write) {
-      LOCUS_H5_CHECK(H5Dwrite(id_.get(), native_type(memtype), memspace.get(), filespace.get(),
-                              dxpl.get(), buf));
+      LOCUS_H5_WRITE_CHECK(detail::file_of(id_.get()),
+                           H5Dwrite(id_.get(), native_type(memtype), memspace.get(),
+                                    filespace.get(), dxpl.get(), buf));
     } else {
       LOCUS_H5_CHECK(H5Dread(id_.get(), native_type(memtype), memspace.get(), filespace.get(),
                              dxpl.get(), buf));

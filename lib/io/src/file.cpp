@@ -118,7 +118,7 @@ void File::close() {
                fmt::format("'{}' closed with {} datasets/groups still open; destroy them first",
                            path_, open_objects));
   const hid_t id = id_.release();
-  LOCUS_H5_CHECK(H5Fclose(id));
+  LOCUS_H5_WRITE_CHECK(path_, H5Fclose(id));
 }
 
 Id create_group(hid_t parent, const std::string& name) {

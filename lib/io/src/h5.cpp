@@ -54,6 +54,41 @@ void h5_fail(const char* call, const char* file, int line) {
   throw H5Error(fmt::format("{} failed at {}{}{}", call, where(file, line),
                             stack.empty() ? "" : "; HDF5 error stack:", stack));
 }
+
+namespace {
+// Frames of a write the file system refused: the virtual file driver's write or truncate
+// (MPI-IO or POSIX) failed, below whatever HDF5 was doing (raw data, a metadata flush).
+bool write_refused(const std::string& stack) {
+  return stack.find("H5FD_write()") != std::string::npos ||
+         stack.find("H5FD__mpio_write()") != std::string::npos ||
+         stack.find("H5FD__sec2_write()") != std::string::npos ||
+         stack.find("H5FD_truncate()") != std::string::npos;
+}
+}  // namespace
+
+std::string file_of(hid_t obj) {
+  const ssize_t n = H5Fget_name(obj, nullptr, 0);
+  if (n <= 0) return "?";
+  std::string name(static_cast<std::size_t>(n) + 1, '\0');
+  if (H5Fget_name(obj, name.data(), name.size()) < 0) return "?";
+  name.resize(static_cast<std::size_t>(n));
+  return name;
+}
+
+void h5_write_fail(const char* call, const std::function<std::string()>& name, const char* file,
+                   int line) {
+  std::string stack = error_stack();
+  H5Eclear2(H5E_DEFAULT);
+  const std::string path = name();
+  if (write_refused(stack)) {
+    throw IoError(fmt::format("cannot write '{}': the file system refused a write (disk full, "
+                              "over quota or an I/O error; {} failed at {}); free space or "
+                              "choose another output path, then rerun; HDF5 error stack:{}",
+                              path, call, where(file, line), stack));
+  }
+  throw H5Error(fmt::format("{} failed on '{}' at {}{}{}", call, path, where(file, line),
+                            stack.empty() ? "" : "; HDF5 error stack:", stack));
+}
 }  // namespace detail
 
 }  // namespace locus::h5

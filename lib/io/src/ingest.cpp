@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -54,6 +55,19 @@ void check_options(const mpi::Comm& comm, const IngestOptions& o, bool output_ex
                                   "--append first", o.output)
                           .c_str());
   }
+}
+
+// An append is a no-op when its inputs are the dataset's last recorded sources: the rows are
+// in it already. A job killed after its append was published (a SIGKILL before it exited, a
+// requeued Slurm job) is rerun with the same command, which must not add the rows twice.
+bool already_appended(const DatasetMeta& existing, const std::vector<SourceFile>& sources) {
+  const auto& have = existing.provenance.sources;
+  if (sources.empty() || have.size() < sources.size()) return false;
+  return std::equal(sources.begin(), sources.end(),
+                    have.end() - static_cast<std::ptrdiff_t>(sources.size()),
+                    [](const SourceFile& a, const SourceFile& b) {
+                      return a.path == b.path && a.bytes == b.bytes && a.crc32 == b.crc32;
+                    });
 }
 
 std::unique_ptr<UnitSource> open_units(const mpi::Comm& comm, const IngestOptions& o) {
@@ -133,6 +147,11 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     sources.push_back(checksum_file(comm, p));
   }
   for (const auto& s : sources) res.input_bytes += s.bytes;
+  if (opts.append && !opts.validate_only && already_appended(existing, sources)) {
+    res.already_appended = true;
+    res.meta = std::move(existing);
+    return res;
+  }
   // Units handed out dynamically; non-finite rows dropped and statistics taken per unit.
   detail::ParsedUnits parsed;
   {
@@ -234,6 +253,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   test_hook("ingest-before-commit");
   comm::progress("commit of dataset {}", opts.output);
   pub.commit();
+  test_hook("ingest-after-commit");
   res.seconds_write = MPI_Wtime() - t0;
   res.meta = std::move(meta);
   res.published = true;

@@ -2,6 +2,8 @@
 // observer fan-out.
 #include "locus/train/metrics.hpp"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -14,7 +16,9 @@
 
 #include "locus/comm/agree.hpp"
 #include "locus/comm/error.hpp"
+#include "locus/comm/test_hook.hpp"
 #include "locus/io/json.hpp"
+#include "locus/io/publish.hpp"
 #include "locus/train/monitor/event.hpp"
 
 namespace locus::train {
@@ -172,14 +176,49 @@ std::int64_t step_of(const std::string& line) {
 }
 
 // The lines of an existing metrics file up to and including `step` (a resumed run continues
-// after it; lines past it came from steps the interrupted run did not checkpoint).
+// after it; lines past it came from steps the interrupted run did not checkpoint). Only whole
+// lines count: a last line without its newline was cut short (a kill, a full disk).
 std::string lines_through(const std::string& path, std::int64_t step) {
   std::ifstream in(path);
   std::string kept, line;
   while (std::getline(in, line)) {
+    if (in.eof()) break;  // no newline after it
     if (!line.empty() && step_of(line) <= step) kept += line + "\n";
   }
   return kept;
+}
+
+[[noreturn]] void metrics_io_fail(const std::string& what, const std::string& path, int err) {
+  throw IoError(fmt::format("{} the metrics file '{}': {}; set train.metrics to a writable "
+                            "path, or to empty to disable it", what, path, std::strerror(err)));
+}
+
+// A resumed run's file: the kept lines are written to a temporary file that then replaces the
+// file by a rename, never by truncating it in place: a kill between a truncation and the
+// rewrite would lose the lines before the checkpoint for good (the rerun resumes from the same
+// checkpoint and keeps only what it finds). Returns the file opened for appending.
+std::FILE* replace_with(const std::string& path, const std::string& kept) {
+  const std::string temp = io::temp_path_for(path);
+  std::FILE* t = std::fopen(temp.c_str(), "w");
+  if (t == nullptr) metrics_io_fail("cannot create the temporary file for", path, errno);
+  bool ok = std::fwrite(kept.data(), 1, kept.size(), t) == kept.size() && std::fflush(t) == 0 &&
+            ::fsync(::fileno(t)) == 0;
+  int err = errno;
+  ok = std::fclose(t) == 0 && ok;
+  if (!ok) {
+    if (err == 0) err = errno;
+    ::unlink(temp.c_str());
+    metrics_io_fail(fmt::format("cannot write '{}', the new version of", temp), path, err);
+  }
+  test_hook("metrics-before-rename");
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    ::unlink(temp.c_str());
+    metrics_io_fail(fmt::format("cannot rename '{}' to", temp), path, err);
+  }
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) metrics_io_fail("cannot open", path, errno);
+  return f;
 }
 
 }  // namespace
@@ -193,14 +232,13 @@ JsonlMetrics::JsonlMetrics(const mpi::Comm& comm, const std::string& path,
     const std::filesystem::path p(path);
     std::error_code ec;
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
-    const std::string kept = resumed_step >= 0 ? lines_through(path, resumed_step) : "";
-    file_ = std::fopen(path.c_str(), "w");
-    if (file_ == nullptr) {
-      throw IoError(fmt::format("cannot create the metrics file '{}': {}; set train.metrics "
-                                "to a writable path, or to empty to disable it",
-                                path, std::strerror(errno)));
+    if (resumed_step >= 0) {
+      file_ = replace_with(path, lines_through(path, resumed_step));
+      return;
     }
-    if (!kept.empty()) write_line(kept.substr(0, kept.size() - 1));
+    ::unlink(io::temp_path_for(path).c_str());  // a leftover of a killed resume, if any
+    file_ = std::fopen(path.c_str(), "w");
+    if (file_ == nullptr) metrics_io_fail("cannot create", path, errno);
   });
 }
 

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cmath>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "checkpoint/checkpoint_detail.hpp"
 #include "model/layer_owners.hpp"
 #include "locus/comm/agree.hpp"
+#include "locus/comm/app.hpp"
 #include "locus/comm/test_hook.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/config.hpp"
@@ -327,6 +329,22 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
     });
     locked("close", [&] { file->close(); });
   } catch (const Error& e) {
+    if (options.end_job_on_refused_write && e.agreed() && e.kind() == ErrorKind::io && file &&
+        file->is_open()) {
+      // The file system refused a write into this file. HDF5's collective close would now
+      // flush the metadata cache into it; when that flush fails as well (a full disk stays
+      // full), the ranks leave H5Fclose through different collectives (one in the metadata
+      // cache's barrier, one in MPI_File_close's) and the job hangs -- found by the chaos
+      // suite (tests/chaos). So the job ends here without closing: the same message as an
+      // agreed error, then exit 5 on every rank (MPI_Abort). The previous checkpoint is
+      // untouched; the temporary file is removed by the next save of this step or by
+      // retention (temporary names are pruned).
+      if (comm.is_root()) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        std::fflush(stderr);
+      }
+      MPI_Abort(comm.get(), exit_code::io);
+    }
     // Agreed: every rank is here, so the collective close is safe (its own errors are moot).
     if (e.agreed() && file && file->is_open()) {
       std::lock_guard lock(hdf5_mutex());

@@ -137,7 +137,7 @@ void Checkpointer::Impl::record(SaveResult r) {
 SaveResult Checkpointer::Impl::save_sync(const std::string& reason) {
   harvest();
   const CheckpointMeta m = meta_now();
-  SaveResult r = save_checkpoint(comm, opts.dir, live_data(m), {opts.save_timeout_s, {}},
+  SaveResult r = save_checkpoint(comm, opts.dir, live_data(m), {opts.save_timeout_s, {}, opts.end_job_on_refused_write},
                                  {opts.keep_last, retire});
   if (r.committed) retire.clear();
   r.reason = reason;
@@ -158,7 +158,7 @@ void Checkpointer::Impl::start_async(const std::string& reason) {
   worker = std::thread([this, reason, copy_s] {
     try {
       async_result = save_checkpoint(writer_comm, opts.dir, snapshot->data(),
-                                     {opts.save_timeout_s, {}}, {opts.keep_last, retire});
+                                     {opts.save_timeout_s, {}, opts.end_job_on_refused_write}, {opts.keep_last, retire});
       async_result.reason = reason;
       async_result.snapshot_seconds = copy_s;
     } catch (...) {

@@ -5,6 +5,7 @@
 
 #include <hdf5.h>
 
+#include <functional>
 #include <string>
 
 #include "locus/comm/error.hpp"
@@ -29,6 +30,16 @@ std::string error_stack();
 
 namespace detail {
 [[noreturn]] void h5_fail(const char* call, const char* file, int line);
+// A failed call that writes to `path`: when HDF5's error stack shows that the file system
+// refused a write (the driver's write or truncate failed: disk full, quota, I/O error), an
+// IoError naming the file (exit 5: "an output could not be written"); otherwise an H5Error
+// as h5_fail's, naming the file too.
+// `path` is called only after HDF5's error stack was taken (any HDF5 call, H5Fget_name
+// included, clears it).
+[[noreturn]] void h5_write_fail(const char* call, const std::function<std::string()>& path,
+                                const char* file, int line);
+// The name of the file an HDF5 object belongs to ("?" when it cannot be had).
+std::string file_of(hid_t obj);
 }
 
 }  // namespace locus::h5
@@ -40,4 +51,15 @@ namespace detail {
     auto locus_h5_rc_ = (call);                                                    \
     if (locus_h5_rc_ < 0) ::locus::h5::detail::h5_fail(#call, __FILE__, __LINE__); \
     return locus_h5_rc_;                                                           \
+  }())
+
+// LOCUS_H5_CHECK for calls that write to a file (H5Dwrite, H5Fclose's flush, ...): `path` is
+// the file's name (or an expression giving it, evaluated only on failure).
+#define LOCUS_H5_WRITE_CHECK(path, call)                                                  \
+  ([&]() {                                                                                \
+    auto locus_h5_rc_ = (call);                                                           \
+    if (locus_h5_rc_ < 0)                                                                 \
+      ::locus::h5::detail::h5_write_fail(#call, [&] { return std::string(path); }, __FILE__, \
+                                         __LINE__);                                       \
+    return locus_h5_rc_;                                                                  \
   }())

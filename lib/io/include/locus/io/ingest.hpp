@@ -70,6 +70,10 @@ struct IngestResult {
   double seconds_parse = 0, seconds_gates = 0, seconds_write = 0;
   bool published = false;
   IngestSchedule schedule;         // who parsed which units (also in the gate report)
+  // --append only: the inputs are already the dataset's last recorded sources (same paths,
+  // sizes and CRC-32s), i.e. this append was done before, typically by a run that was killed
+  // or preempted after its publication and then rerun. Nothing was read or written.
+  bool already_appended = false;
 };
 
 // Collective over comm. Throws GateError (agreed, after writing the JSON report) when a gate

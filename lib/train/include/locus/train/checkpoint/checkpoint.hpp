@@ -128,6 +128,13 @@ class Snapshot {
 struct WriteOptions {
   double timeout_s = 0;  // > 0: give the save up (rank 0's clock decides) beyond this budget
   std::string abandon_hook;  // test hook point name; internal
+  // After the file system refused a write into the file (an agreed IoError), end the job
+  // (rank 0 prints the message, then MPI_Abort with exit 5) instead of closing the file and
+  // throwing. HDF5's collective close flushes metadata into the same file; when that flush
+  // fails too (a full disk stays full) the ranks leave H5Fclose through different collectives
+  // and the job hangs (found by tests/chaos). Off: the IoError is thrown after the close, so a
+  // caller may go on (the close is safe when only some writes fail, e.g. a file size limit).
+  bool end_job_on_refused_write = false;
 };
 
 enum class WriteOutcome { written, abandoned };
@@ -303,6 +310,7 @@ struct CheckpointOptions {
   bool async = false;                // periodic saves in a background thread
   std::vector<int> signals;          // signals that checkpoint and stop (see preempt.hpp)
   double save_timeout_s = 0;         // > 0: budget of one save
+  bool end_job_on_refused_write = false;  // see WriteOptions (locus-train: on)
 };
 
 // Throws ConfigError naming checkpoint.<key>.
