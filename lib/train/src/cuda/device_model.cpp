@@ -19,14 +19,6 @@ namespace {
 
 std::size_t sz(int a, int b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); }
 
-// Largest power of two (<= 256) that divides the address: cuBLASLt picks algorithms by it.
-int alignment_of(const void* p) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  int align = 256;
-  while (align > 1 && a % static_cast<std::uintptr_t>(align) != 0) align /= 2;
-  return align;
-}
-
 }  // namespace
 
 SelectedDevice use_device(const mpi::Comm& world, int requested, std::string_view section) {

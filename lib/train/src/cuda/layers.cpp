@@ -12,14 +12,6 @@ namespace {
 
 std::size_t sz(int a, int b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); }
 
-// Largest power of two (<= 256) that divides the address: cuBLASLt picks algorithms by it.
-int alignment_of(const void* p) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  int align = 256;
-  while (align > 1 && a % static_cast<std::uintptr_t>(align) != 0) align /= 2;
-  return align;
-}
-
 int max_width(const ModelSpec& spec, LayerRange range) {
   int w = 1;
   for (int l = range.first; l <= range.end; ++l) {

@@ -23,6 +23,14 @@
 
 namespace locus::train::cuda {
 
+// Largest power of two (<= 256) that divides the address: cuBLASLt picks algorithms by it.
+inline int alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  int align = 256;
+  while (align > 1 && a % static_cast<std::uintptr_t>(align) != 0) align /= 2;
+  return align;
+}
+
 enum class Operand { f32, bf16 };
 
 // D (float32, column-major m x n, ld ldd) = op(A) op(B) [+ bias[m] per row of D], where op is
