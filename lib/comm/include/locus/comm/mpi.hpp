@@ -42,6 +42,8 @@ class Comm {
   static Comm world() noexcept { return Comm(MPI_COMM_WORLD, false); }
   // Wraps a communicator without taking ownership.
   static Comm borrow(MPI_Comm c) noexcept { return Comm(c, false); }
+  // A null communicator (get() == MPI_COMM_NULL), e.g. what split() gives with MPI_UNDEFINED.
+  Comm() noexcept = default;
 
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
