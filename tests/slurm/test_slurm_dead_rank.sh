@@ -19,7 +19,7 @@ cd "$LSC_WORK"
 
 ingest=$(locus_submit_fm_test_ingest)
 slurm_wait_state "$ingest" COMPLETED 120 || slurm_fail "the ingest job failed: $(cat ingest.log)"
-train_args=(--data.train=fm-test.h5 --data.test= --train.epochs=2 --eval.every=0)
+train_args=(--data.train=fm-test.h5 --data.test= --train.epochs=2 --eval.every=0 --optim.warmup_steps=0)
 
 # Submits a training job with LOCUS_TEST_HOOK=$2 (log $1.log, model $1.h5) and waits until it
 # has ended; prints its final state and exit code. Fails the test beyond 60 s from its start.
