@@ -438,10 +438,12 @@ cmd_stop() {
 
 # SLURM_CONF for this cluster, and unset any SLURM_*/SBATCH_*/SALLOC_*/SRUN_* inherited from an
 # outer allocation (srun and sbatch read them as options, e.g. SLURM_JOB_ID joins a job).
-# With several nodes, also Open MPI's BTLs for jobs spanning them (sbatch passes the
-# environment on): TCP over loopback, no shared memory. Open MPI names its shared-memory
-# (vader) segments by host name, job and local rank, so the ranks with one local rank on two
-# nodes of this one host would share a segment; they crash (docs/SLURM-CLUSTER.md).
+# With several nodes, also Open MPI's transports for jobs spanning them (sbatch passes the
+# environment on), docs/SLURM-CLUSTER.md: TCP over loopback and no shared-memory BTL, because
+# Open MPI names its shared-memory (vader) segments by host name, job and local rank, so ranks
+# with one local rank on two nodes of this one host would share a segment and crash; and
+# one-sided communication (the apps' work queue) through UCX, because no other osc component
+# of Open MPI 4.1 can make a window over TCP alone (MPI_Win_allocate fails, MPI_ERR_WIN).
 cmd_env() {
   local dir v
   dir=$(resolve_dir "${1:-}")
@@ -451,7 +453,7 @@ cmd_env() {
   done
   echo "export SLURM_CONF=$(conf_of "$dir")"
   if [ "$(node_names "$dir" | wc -l)" -gt 1 ]; then
-    echo "export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo"
+    echo "export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_osc=ucx"
   fi
 }
 
