@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# A throw-away single-host Slurm cluster (munged, slurmctld, slurmd) living entirely in one
-# directory, for the slurm-labelled tests. No systemd, nothing under /etc or /run.
+# A throw-away single-host Slurm cluster (munged, slurmctld, one slurmd per node) living entirely
+# in one directory, for the slurm-labelled tests. No systemd, nothing under /etc or /run.
 #
-#   slurm-cluster.sh start DIR [--gang] [--lifetime SECONDS]
+#   slurm-cluster.sh start DIR [--gang] [--nodes N] [--lifetime SECONDS]
 #   slurm-cluster.sh stop DIR
 #   slurm-cluster.sh env DIR      # prints shell lines to eval: eval "$(slurm-cluster.sh env DIR)"
 #   slurm-cluster.sh status DIR   # the cluster's processes and sinfo
@@ -10,7 +10,10 @@
 #
 # DIR should be short (mktemp -d /tmp/lsc.XXXX): the munge socket path must fit in 107 bytes.
 # --gang configures time-sliced gang scheduling; --lifetime starts a watchdog that stops the
-# cluster after that many seconds even if the caller dies without calling stop.
+# cluster after that many seconds even if the caller dies without calling stop. --nodes N (2 to
+# 8) makes N Slurm nodes node1..nodeN on this one host, each its own slurmd (Slurm's
+# multiple-slurmd mode: slurmd -N NAME, a Port= per node); the default is the one node
+# "localhost".
 # See docs/SLURM-CLUSTER.md for the configuration and why each value was chosen.
 set -euo pipefail
 
@@ -66,7 +69,8 @@ ancestors_of() {
 
 # Every live process of the cluster in $1, found from /proc rather than PID files alone:
 #  - the daemons carry LSC_CLUSTER_DIR=$1 in their environment;
-#  - slurmstepd overwrites its environment (process title) but keeps $1/log/slurmd.log open;
+#  - slurmstepd overwrites its environment (process title) but keeps its node's slurmd log
+#    ($1/log/slurmd.log, or slurmd.NODE.log with --nodes) open;
 #  - job processes have this cluster's SLURM_CONF and a SLURM_JOB_ID (proctrack/linuxproc does
 #    not kill what a batch script leaves behind).
 # The caller and its ancestors are left out.
@@ -140,8 +144,51 @@ free_port() {
   die "found no free TCP port in 20000-59999 after 200 tries"
 }
 
+# The node names of the cluster in $1, one a line, from its slurm.conf: "localhost" for the
+# default single-node cluster, node1..nodeN with --nodes N.
+node_names() {
+  sed -n 's/^NodeName=\([^ ]*\) .*/\1/p' "$(conf_of "$1")" 2>/dev/null || true
+}
+
+# The name under which launch records the slurmd of node $1 (run/NAME.pid, log/NAME.out).
+slurmd_daemon() {
+  if [ "$1" = localhost ]; then echo slurmd; else echo "slurmd-$1"; fi
+}
+
+# The slurmd daemon names (slurmd_daemon) of every node of the cluster in $1.
+slurmd_daemons() {
+  local node
+  for node in $(node_names "$1"); do slurmd_daemon "$node"; done
+}
+
+# slurm.conf for one node "localhost" on SLURMD_PORT, or, given several ports (--nodes N), for
+# nodes node1..nodeN, each its own slurmd on its own port (multiple-slurmd mode).
 write_slurm_conf() {
   local dir=$1 gang=$2 ctld_port=$3 slurmd_port=$4
+  local nodes=$(($# - 3)) node_lines="" nodelist=localhost i port
+  local slurmd_files="SlurmdSpoolDir=$dir/spool
+SlurmdPidFile=$dir/run/slurmd.daemon.pid
+SlurmdLogFile=$dir/log/slurmd.log"
+  local cpus="CPUs=$node_cpus Sockets=1 CoresPerSocket=$node_cpus ThreadsPerCore=1 RealMemory=$node_memory_mb State=UNKNOWN"
+  if [ $nodes = 1 ]; then
+    node_lines="NodeName=localhost NodeAddr=127.0.0.1 $cpus"
+  else
+    # %n is the node name: every slurmd (and its slurmstepds) needs its own spool, PID file
+    # and log. TmpFS is where the PMIx plugin makes each step's client directory
+    # (spmix_appdir_UID_JOB.STEP): under the default /tmp the steps of one job on two nodes of
+    # this host would both make the same one, and the second fails (docs/SLURM-CLUSTER.md).
+    slurmd_files="SlurmdSpoolDir=$dir/spool/%n
+SlurmdPidFile=$dir/run/slurmd.%n.daemon.pid
+SlurmdLogFile=$dir/log/slurmd.%n.log
+TmpFS=$dir/tmp/%n"
+    i=0
+    for port in "${@:4}"; do
+      i=$((i + 1))
+      node_lines+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$port $cpus"$'\n'
+    done
+    node_lines=${node_lines%$'\n'}
+    nodelist="node[1-$nodes]"
+  fi
   local preempt_mode=REQUEUE low_mode=REQUEUE debug_extra="PreemptMode=OFF"
   local timeslice="# SchedulerTimeSlice: only with --gang"
   if [ "$gang" = 1 ]; then
@@ -165,11 +212,9 @@ CredType=cred/munge
 # it may start again (default 120 s).
 AuthInfo=socket=$dir/munge/munge.sock,cred_expire=10
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/run/slurmctld.daemon.pid
-SlurmdPidFile=$dir/run/slurmd.daemon.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+$slurmd_files
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig=$dir/etc/plugstack.conf
@@ -200,10 +245,10 @@ JobRequeue=1
 MinJobAge=300
 KillWait=5
 InactiveLimit=0
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$node_cpus Sockets=1 CoresPerSocket=$node_cpus ThreadsPerCore=1 RealMemory=$node_memory_mb State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP $debug_extra
-PartitionName=low Nodes=localhost MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=$low_mode GraceTime=5
-PartitionName=high Nodes=localhost MaxTime=INFINITE State=UP PriorityTier=10
+$node_lines
+PartitionName=debug Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP $debug_extra
+PartitionName=low Nodes=$nodelist MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=$low_mode GraceTime=5
+PartitionName=high Nodes=$nodelist MaxTime=INFINITE State=UP PriorityTier=10
 EOF
   : >"$dir/etc/plugstack.conf"
 }
@@ -245,21 +290,29 @@ start_munge() {
   die "munged did not come up on $sock"
 }
 
-# Start slurmctld and slurmd and wait for the node to be idle; returns 1 if it is not in time.
+# Start slurmctld and a slurmd per node and wait for every node to be idle; returns 1 if they
+# are not in time.
 start_slurm() {
-  local dir=$1 conf deadline state=""
+  local dir=$1 conf deadline state="" node daemon nodes
   conf=$(conf_of "$dir")
+  nodes=$(node_names "$dir" | paste -sd, -)
   launch "$dir" slurmctld slurmctld -D -i -f "$conf"
-  launch "$dir" slurmd slurmd -D -N localhost -f "$conf"
+  for node in $(node_names "$dir"); do
+    # A slurmd makes its spool directory only after it has tried to open its socket there.
+    [ "$node" = localhost ] || mkdir -p "$dir/spool/$node" "$dir/tmp/$node"
+    launch "$dir" "$(slurmd_daemon "$node")" slurmd -D -N "$node" -f "$conf"
+  done
   deadline=$((SECONDS + start_timeout))
   while [ $SECONDS -lt $deadline ]; do
-    state=$(SLURM_CONF=$conf sinfo -h -N -n localhost -o %T 2>/dev/null | sort -u || true)
+    state=$(SLURM_CONF=$conf sinfo -h -N -n "$nodes" -o %T 2>/dev/null | sort -u || true)
     [ "$state" = idle ] && return 0
     if ! pid_alive "$(cat "$dir/run/slurmctld.pid")"; then say "slurmctld exited"; return 1; fi
-    if ! pid_alive "$(cat "$dir/run/slurmd.pid")"; then say "slurmd exited"; return 1; fi
+    for daemon in $(slurmd_daemons "$dir"); do
+      if ! pid_alive "$(cat "$dir/run/$daemon.pid")"; then say "$daemon exited"; return 1; fi
+    done
     sleep 0.1
   done
-  say "node not idle after ${start_timeout}s (sinfo state: '${state:-none}'; LSC_START_TIMEOUT sets the limit)"
+  say "nodes $nodes not all idle after ${start_timeout}s (sinfo states: '${state//$'\n'/ }'; LSC_START_TIMEOUT sets the limit)"
   return 1
 }
 
@@ -283,18 +336,23 @@ on_start_exit() {
 cmd_start() {
   [ -n "${1:-}" ] || usage
   mkdir -p "$1"
-  local dir gang=0 lifetime=0 attempt ctld_port slurmd_port bin slurm_daemons
+  local dir gang=0 lifetime=0 nodes=1 attempt ctld_port slurmd_ports bin slurm_daemons i
   dir=$(resolve_dir "$1")
   shift
   while [ $# -gt 0 ]; do
     case "$1" in
       --gang) gang=1 ;;
+      --nodes)
+        nodes=${2:-}
+        [[ "$nodes" =~ ^[1-8]$ ]] || die "--nodes needs a node count from 1 to 8, got '$nodes'"
+        shift
+        ;;
       --lifetime)
         lifetime=${2:-}
         [[ "$lifetime" =~ ^[0-9]+$ ]] || die "--lifetime needs a whole number of seconds, got '$lifetime'"
         shift
         ;;
-      *) die "unknown start option '$1' (known: --gang, --lifetime SECONDS)" ;;
+      *) die "unknown start option '$1' (known: --gang, --nodes N, --lifetime SECONDS)" ;;
     esac
     shift
   done
@@ -312,7 +370,7 @@ cmd_start() {
   if [ -n "$(ls -A "$dir")" ]; then
     head -n 1 "$(conf_of "$dir")" 2>/dev/null | grep -q '^# Generated by scripts/slurm-cluster.sh' ||
       die "$dir is neither empty nor an earlier cluster of $prog: give an empty directory (mktemp -d /tmp/lsc.XXXX)"
-    rm -rf "$dir"/state "$dir"/spool "$dir"/log "$dir"/run
+    rm -rf "$dir"/state "$dir"/spool "$dir"/tmp "$dir"/log "$dir"/run
   fi
   trap 'on_start_exit "$dir"' EXIT
   mkdir -p "$dir"/{etc,munge,state,spool,log,run}
@@ -324,18 +382,21 @@ cmd_start() {
   # the logs, so try again with new ports.
   for attempt in 1 2 3; do
     ctld_port=$(free_port)
-    slurmd_port=$(free_port "$ctld_port")
-    write_slurm_conf "$dir" "$gang" "$ctld_port" "$slurmd_port"
+    slurmd_ports=()
+    for i in $(seq "$nodes"); do slurmd_ports+=("$(free_port "$ctld_port" "${slurmd_ports[@]}")"); done
+    write_slurm_conf "$dir" "$gang" "$ctld_port" "${slurmd_ports[@]}"
     if start_slurm "$dir"; then
       trap - EXIT
       local mode=""
       if [ $gang = 1 ]; then mode=", gang scheduling"; fi
-      say "cluster up in $dir (slurmctld :$ctld_port, slurmd :$slurmd_port$mode)"
+      if [ "$nodes" -gt 1 ]; then mode+=", nodes $(node_names "$dir" | paste -sd' ' -)"; fi
+      say "cluster up in $dir (slurmctld :$ctld_port, slurmd :${slurmd_ports[*]}$mode)"
       return 0
     fi
     grep -qs 'Address already in use' "$dir"/log/slurm* || break
     say "port clash on attempt $attempt, trying new ports"
-    mapfile -t slurm_daemons < <(daemon_pids "$dir" slurmctld slurmd)
+    # shellcheck disable=SC2046 # a list of names
+    mapfile -t slurm_daemons < <(daemon_pids "$dir" slurmctld $(slurmd_daemons "$dir"))
     terminate 10 TERM "${slurm_daemons[@]}" || true
     rm -f "$dir"/log/slurm*
   done
@@ -355,7 +416,8 @@ cmd_stop() {
   # slurmctld and slurmd shut down cleanly on SIGTERM within a second. What is left of the jobs
   # (slurmstepd, batch scripts, whatever they left behind) is then killed outright, and munged
   # goes last because the others talk to it until they exit.
-  mapfile -t pids < <(daemon_pids "$dir" slurmctld slurmd)
+  # shellcheck disable=SC2046 # a list of names
+  mapfile -t pids < <(daemon_pids "$dir" slurmctld $(slurmd_daemons "$dir"))
   terminate 10 TERM "${pids[@]}" || true
   pids=()
   munged_pid=$(daemon_pid "$dir" munged)
@@ -376,6 +438,12 @@ cmd_stop() {
 
 # SLURM_CONF for this cluster, and unset any SLURM_*/SBATCH_*/SALLOC_*/SRUN_* inherited from an
 # outer allocation (srun and sbatch read them as options, e.g. SLURM_JOB_ID joins a job).
+# With several nodes, also Open MPI's transports for jobs spanning them (sbatch passes the
+# environment on), docs/SLURM-CLUSTER.md: TCP over loopback and no shared-memory BTL, because
+# Open MPI names its shared-memory (vader) segments by host name, job and local rank, so ranks
+# with one local rank on two nodes of this one host would share a segment and crash; and
+# one-sided communication (the apps' work queue) through UCX, because no other osc component
+# of Open MPI 4.1 can make a window over TCP alone (MPI_Win_allocate fails, MPI_ERR_WIN).
 cmd_env() {
   local dir v
   dir=$(resolve_dir "${1:-}")
@@ -384,6 +452,9 @@ cmd_env() {
     case "$v" in SLURM_* | SBATCH_* | SALLOC_* | SRUN_*) echo "unset $v" ;; esac
   done
   echo "export SLURM_CONF=$(conf_of "$dir")"
+  if [ "$(node_names "$dir" | wc -l)" -gt 1 ]; then
+    echo "export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_osc=ucx"
+  fi
 }
 
 cmd_status() {

@@ -129,7 +129,7 @@ locus_run() {
     locus_log "not starting ${LOCUS_APP_PATH##*/}: SIG$LOCUS_SIGNALLED came first (code $LOCUS_RC)"
     return
   fi
-  locus_log "restart ${SLURM_RESTART_COUNT:-0}, $(hostname), ${SLURM_NTASKS:-1} tasks: ${cmd[*]}"
+  locus_log "restart ${SLURM_RESTART_COUNT:-0}, $(hostname), ${SLURM_JOB_NODELIST:+nodes $SLURM_JOB_NODELIST, }${SLURM_NTASKS:-1} tasks: ${cmd[*]}"
   if [ "${LOCUS_LAUNCH[0]}" = mpirun ]; then
     # mpirun with SIGTERM blocked (its ranks get an unblocked mask from Open MPI): Slurm's
     # SIGTERM at preemption, cancellation or the time limit goes to every process of the batch

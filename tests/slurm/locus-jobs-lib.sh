@@ -13,9 +13,10 @@
 #                                    mpirun arguments that do not busy-poll, the apps checked
 #   locus_submit_fm_test_ingest      submit slurm/ingest.sbatch of Fashion-MNIST's test set into
 #                                    fm-test.h5 (cwd); prints the job id
-#   locus_reference_start ARGS...    start the uninterrupted 2-rank reference locus-train run
-#                                    (model-ref.h5, ref.log in cwd) beside the cluster's jobs;
-#                                    the EXIT trap ends it before the cluster's teardown
+#   locus_reference_start ARGS...    start the uninterrupted 2-rank (LOCUS_REFERENCE_RANKS)
+#                                    reference locus-train run (model-ref.h5, ref.log in cwd)
+#                                    beside the cluster's jobs; the EXIT trap ends it before the
+#                                    cluster's teardown
 #   locus_reference_wait             wait for it; fail the test if it failed
 
 # shellcheck disable=SC2034 # used by the tests that source this file
@@ -109,12 +110,12 @@ locus_submit_fm_test_ingest() {
 }
 
 # The reference a test compares its jobs' models with: the same locus-train arguments and rank
-# count, no Slurm, no checkpoints, run alongside the jobs. It is no job of the cluster, so if the
-# test fails before it ends, the EXIT trap ends it (mpirun ends its ranks) and then lets the
-# cluster's teardown run with the test's exit status.
+# count (LOCUS_REFERENCE_RANKS, default 2), no Slurm, no checkpoints, run alongside the jobs. It
+# is no job of the cluster, so if the test fails before it ends, the EXIT trap ends it (mpirun
+# ends its ranks) and then lets the cluster's teardown run with the test's exit status.
 locus_reference_start() {
   # shellcheck disable=SC2086 # word splitting is meant
-  OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BIN/locus-train" \
+  OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n "${LOCUS_REFERENCE_RANKS:-2}" $LOCUS_MPIRUN_ARGS "$LOCUS_BIN/locus-train" \
     "$@" --train.output=model-ref.h5 --train.metrics= >ref.log 2>&1 &
   LOCUS_REF_PID=$!
   trap locus_reference_end EXIT
