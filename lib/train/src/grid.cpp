@@ -35,9 +35,14 @@ mpi::Comm placed_world(const mpi::Comm& world, int stages, std::string& layout,
   const comm::Topology topo(world);
   const GridPlacement p = place_grid(topo.node_of_rank(), stages);
   node_local = p.node_local;
-  layout = p.node_local ? fmt::format("pipeline stages inside nodes, replicas across nodes ({})",
-                                      topo.describe())
-                        : fmt::format("{} ({})", p.note, topo.describe());
+  if (stages == 1) {
+    layout = fmt::format("one stage per replica ({})", topo.describe());
+  } else if (p.node_local) {
+    layout = fmt::format("pipeline stages inside nodes, replicas across nodes ({})",
+                         topo.describe());
+  } else {
+    layout = fmt::format("{} ({})", p.note, topo.describe());
+  }
   constexpr int shown = 16;
   for (int node = 0; node < std::min(topo.nodes(), shown); ++node) {
     std::string line = fmt::format("\n  node {}:", node);
