@@ -25,11 +25,11 @@ case $kind in
     # The unit and MPI suites of the libraries: parsers, HDF5 round trips, the reducer, the
     # loader, checkpoints, the model and optimizers, inference; and test_cuda_refusal, since
     # this build is also CI's build without CUDA (train.backend = cuda must be refused there).
-    targets=(locus_no_dlclose test_comm test_reducer test_link test_watchdog test_work_queue
+    targets=(locus_no_dlclose test_comm test_reducer test_hier_reducer test_link test_watchdog test_work_queue
              test_h5 test_sources test_raw_io test_ingest test_loader test_checkpoint
              test_train_model test_train_optim test_monitor test_telemetry test_scorer
              test_cuda_refusal)
-    select=(-R '^(test_comm|test_reducer|test_link|test_watchdog|test_work_queue|test_h5|test_sources|test_raw_io|test_ingest|test_loader|test_checkpoint|test_train_model|test_train_optim|test_monitor|test_telemetry|test_scorer|test_cuda_refusal)(\.np[12])?$')
+    select=(-R '^(test_comm|test_reducer|test_hier_reducer|test_link|test_watchdog|test_work_queue|test_h5|test_sources|test_raw_io|test_ingest|test_loader|test_checkpoint|test_train_model|test_train_optim|test_monitor|test_telemetry|test_scorer|test_cuda_refusal)(\.np[12])?$')
     # fast_unwind_on_malloc=0: Open MPI is built without frame pointers, and only full unwinding
     # attributes its allocations to it (else a leak may show a broken stack, unsuppressible).
     export ASAN_OPTIONS="detect_leaks=1:exitcode=66:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:fast_unwind_on_malloc=0"

@@ -70,6 +70,7 @@ std::string run_line(const train::Trainer& t, const train::ResumeResult& resumed
   if (const char* e = std::getenv("SLURM_RESTART_COUNT")) j["slurm_restart_count"] = e;
   j["compute"] = t.compute_description();
   j["reducer"] = t.reducer_description();
+  j["reduction"] = t.reduction_description();
   j["tool_version"] = LOCUS_VERSION;
   j["git_revision"] = LOCUS_GIT_REVISION;
   j["config"] = config;

@@ -34,6 +34,10 @@ void Progress::header(const train::Trainer& t) const {
                                o.optimizer.nesterov ? " nesterov" : "")
                  : fmt::format("betas {:g},{:g}", o.optimizer.beta1, o.optimizer.beta2),
              o.schedule.base_lr, train::to_string(o.schedule.kind), train::to_string(o.loss));
+  fmt::print("  gradient reduction: {}\n", t.reduction_description());
+  if (o.pipeline_stages > 1 || t.grid().world().size() > 1) {
+    fmt::print("  layout: {}\n", t.grid().layout());
+  }
   if (const train::StagePartition* p = t.partition()) {
     fmt::print("  {} micro-batch{} per step, {} schedule; {}\n", o.micro_batches,
                o.micro_batches == 1 ? "" : "es", train::to_string(o.pipeline_schedule),

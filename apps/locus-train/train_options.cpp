@@ -82,8 +82,9 @@ void TrainSettings::register_options(Config& c) {
         "(false: launch kernel by kernel; pipeline stages and micro-batches always launch "
         "kernel by kernel)");
   c.add("train.pipeline_stages", pipeline_stages,
-        "pipeline stages: the layers are cut into this many stages on consecutive ranks; "
-        "ranks = data-parallel x stages (the stage count must divide the ranks)",
+        "pipeline stages: the layers are cut into this many stages on consecutive ranks, "
+        "inside one node where the stage count divides every node's ranks; ranks = "
+        "data-parallel x stages (the stage count must divide the ranks)",
         at_least(1));
   c.add("train.micro_batches", micro_batches,
         "micro-batches per step and replica: activations flow between stages one micro-batch "
@@ -110,6 +111,12 @@ void TrainSettings::register_options(Config& c) {
                "gradient all-reduce over the data-parallel ranks (auto: NCCL for GPU gradients "
                "where every rank has a GPU of its own, else MPI, host-staged for GPU "
                "gradients; nccl: an error where NCCL cannot run; cpu backend: MPI)");
+  c.add_choice("train.reduction", reduction, {"auto", "flat", "hierarchical"},
+               "MPI reducer: flat (every rank with every rank) or hierarchical (reduce to one "
+               "leader per node, leaders in node order, broadcast back; bitwise equal to flat "
+               "where nodes are consecutive ranks); auto: hierarchical when the ranks span "
+               "several nodes and a node has more than one, else flat. nccl: auto only "
+               "(NCCL's own topology-aware algorithms)");
   c.add("train.reducer_timeout_s", reducer_timeout_s,
         "nccl: seconds a rank waits for a gradient all-reduce before it aborts the job "
         "naming the collective (0: forever; time stopped by SIGSTOP does not count)",
@@ -297,6 +304,7 @@ train::TrainOptions TrainSettings::to_options() const {
   o.device_cache_bytes = static_cast<std::uint64_t>(device_cache_mb) << 20;
   o.reducer.bucket_bytes = static_cast<std::size_t>(bucket_kb) << 10;
   o.reducer.backend = comm::parse_reducer_backend(reducer);
+  o.reducer.reduction = comm::parse_reduction(reduction);
   o.reducer.timeout_s = reducer_timeout_s;
   o.anomaly.action = train::parse_anomaly_action(anomaly);
   o.anomaly.z = anomaly_z;

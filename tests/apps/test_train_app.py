@@ -147,6 +147,36 @@ def test_pipeline_stages_train_like_data_parallel(r, tmp):
               f"{k} differs between two pipeline runs of one config")
 
 
+def test_nodes_layout_and_hierarchical_reduction(r, tmp):
+    """4 ranks as 2 "nodes" of 2 (LOCUS_TEST_RANKS_PER_NODE): the start-up lines name the
+    reduction auto picks and the layout (2 stages inside each node, replicas across nodes);
+    train.reduction = hierarchical writes bitwise the model of flat."""
+    if r.ranks != 4:
+        return
+    prepare(r, tmp)
+    nodes = {"LOCUS_TEST_RANKS_PER_NODE": "2"}
+    p = r.run("locus-train", "--config", CONFIG, "--train.pipeline_stages=2", "--train.epochs=1",
+              "--train.metrics=", "--train.output=pp.h5", env=nodes, cwd=tmp)
+    expect_exit(p, 0, "layout: pipeline stages inside nodes, replicas across nodes (4 ranks on 2 "
+                "nodes", "node 0: rank 0 = replica 0 stage 0, rank 1 = replica 0 stage 1",
+                "node 1: rank 2 = replica 1 stage 0, rank 3 = replica 1 stage 1",
+                "gradient reduction: flat (train.reduction = auto: 2 ranks on 2 nodes (1+1;")
+    models = {}
+    for red in ("flat", "hierarchical", "auto"):
+        p = r.run("locus-train", "--config", CONFIG, f"--train.reduction={red}", "--train.epochs=1",
+                  f"--train.output={red}.h5", f"--train.metrics={red}.jsonl", env=nodes, cwd=tmp)
+        shown = "flat" if red == "flat" else "hierarchical"
+        expect_exit(p, 0, f"gradient reduction: {shown} (train.reduction = {red}")
+        models[red], _ = load_model(os.path.join(tmp, f"{red}.h5"))
+        run_line = json.loads(open(os.path.join(tmp, f"{red}.jsonl")).readline())
+        check(run_line["reduction"].startswith(shown), f"run line: {run_line['reduction']}")
+    for red in ("hierarchical", "auto"):
+        for k in models["flat"]:
+            check(np.array_equal(models[red][k].view(np.uint32),
+                                 models["flat"][k].view(np.uint32)),
+                  f"{k}: train.reduction = {red} differs from flat")
+
+
 def test_bad_config_values_exit_2(r, tmp):
     prepare(r, tmp)
     cases = [
@@ -162,6 +192,7 @@ def test_bad_config_values_exit_2(r, tmp):
          "train.stage_boundaries = 3 is invalid for a model of 3 layers"),
         (["--train.micro_batches=0"], "train.micro_batches"),
         (["--train.schedule=zb"], "allowed values are 1f1b, gpipe"),
+        (["--train.reduction=tree"], "allowed values are auto, flat, hierarchical"),
         (["--model.widths=12,0,4"], "model.widths"),
         (["--optim.warmup_steps=5000"], "optim.warmup_steps = 5000"),
         (["--optim.momentum=0"], "optim.nesterov"),
@@ -209,6 +240,7 @@ def test_help_and_print_config(r, tmp):
 
 if __name__ == "__main__":
     main([test_trains_writes_model_and_metrics, test_n_ranks_match_one_rank_and_repeat_exactly,
-          test_pipeline_stages_train_like_data_parallel],
+          test_pipeline_stages_train_like_data_parallel,
+          test_nodes_layout_and_hierarchical_reduction],
          once=[test_bad_config_values_exit_2, test_model_must_fit_the_dataset,
                test_missing_inputs_and_unwritable_outputs, test_help_and_print_config])

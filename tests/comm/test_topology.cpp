@@ -90,3 +90,18 @@ TEST(Topology, MalformedOverrideIsAnAgreedConfigError) {
         << e.what();
   }
 }
+
+// The override counts world ranks: a sub-communicator (here the even and the odd ranks, as a
+// pipeline stage's data-parallel group) sees the nodes its ranks sit on, not blocks of its own
+// ranks.
+TEST(Topology, TestOverrideCountsWorldRanksInSubCommunicators) {
+  ScopedEnv test("LOCUS_TEST_RANKS_PER_NODE", "2");
+  mpi::Comm world = mpi::Comm::world();
+  mpi::Comm half = world.split(world.rank() % 2, world.rank());
+  comm::Topology t(half);
+  // World ranks 2k and 2k+1 share node k, so every rank of `half` is alone on its node.
+  EXPECT_EQ(t.nodes(), half.size());
+  EXPECT_EQ(t.node().size(), 1);
+  EXPECT_EQ(t.node_index(), half.rank());
+  EXPECT_TRUE(t.is_leader());
+}

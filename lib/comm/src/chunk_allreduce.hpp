@@ -25,22 +25,39 @@ struct ChunkEngineConfig {
 void reduce_in_rank_order(float* out, const float* const* src, int nsrc, std::size_t len,
                           float divisor);
 
-class ChunkEngine {
+// What the MPI reducer drives: a bounded number of chunks in flight, each reduced in place
+// (sum over the ranks, optionally divided by their count), advanced only inside progress().
+// The flat engine below and the hierarchical one (hier_allreduce.hpp) implement it.
+class AllreduceEngine {
  public:
-  ChunkEngine(MPI_Comm comm, const ChunkEngineConfig& config);
-  ChunkEngine(const ChunkEngine&) = delete;
-  ChunkEngine& operator=(const ChunkEngine&) = delete;
-  // Frees requests still in flight (only after an error: their peers are about to abort).
-  ~ChunkEngine();
+  AllreduceEngine() = default;
+  AllreduceEngine(const AllreduceEngine&) = delete;
+  AllreduceEngine& operator=(const AllreduceEngine&) = delete;
+  virtual ~AllreduceEngine() = default;
 
-  bool has_free_slot() const noexcept { return active_ < static_cast<int>(slots_.size()); }
-  int active() const noexcept { return active_; }
+  virtual bool has_free_slot() const noexcept = 0;
+  virtual int active() const noexcept = 0;
   // Starts reducing data[0, count) (count <= chunk_elems). seq numbers the chunk within its
   // step: every rank must launch the same chunks in the same order.
-  void launch(float* data, std::size_t count, std::size_t seq);
+  virtual void launch(float* data, std::size_t count, std::size_t seq) = 0;
   // Tests every chunk in flight once and advances those whose round completed. Returns how
   // many chunks completed.
-  int progress();
+  virtual int progress() = 0;
+};
+
+// The flat engine: every rank exchanges with every other rank of one communicator.
+class ChunkEngine final : public AllreduceEngine {
+ public:
+  ChunkEngine(MPI_Comm comm, const ChunkEngineConfig& config);
+  // Frees requests still in flight (only after an error: their peers are about to abort).
+  ~ChunkEngine() override;
+
+  bool has_free_slot() const noexcept override {
+    return active_ < static_cast<int>(slots_.size());
+  }
+  int active() const noexcept override { return active_; }
+  void launch(float* data, std::size_t count, std::size_t seq) override;
+  int progress() override;
 
  private:
   enum class Phase { idle, exchange, scatter, gather };

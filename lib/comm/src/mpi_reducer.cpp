@@ -7,6 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "hier_allreduce.hpp"
+#include "locus/comm/topology.hpp"
+
 namespace locus::comm::detail {
 
 namespace {
@@ -20,6 +23,42 @@ ChunkEngineConfig engine_config(const ReducerOptions& o) {
   return c;
 }
 
+HierEngineConfig hier_config(const ReducerOptions& o) {
+  HierEngineConfig c;
+  c.chunk_elems = o.chunk_bytes / sizeof(float);
+  c.max_in_flight = o.max_in_flight;
+  c.divide = o.mode == ReduceMode::average;
+  return c;
+}
+
+// Collective over comm. Resolves train.reduction against the topology and builds its engine;
+// `note` says which reduction and why.
+std::unique_ptr<AllreduceEngine> make_engine(const mpi::Comm& comm, const ReducerOptions& o,
+                                             std::string& note) {
+  if (o.reduction == Reduction::flat) {
+    note = "flat (train.reduction = flat)";
+    return std::make_unique<ChunkEngine>(comm.get(), engine_config(o));
+  }
+  Topology topo(comm);
+  const bool shared = std::any_of(topo.node_sizes().begin(), topo.node_sizes().end(),
+                                  [](int n) { return n > 1; });
+  const bool automatic = o.reduction == Reduction::automatic;
+  if (automatic && !(topo.nodes() > 1 && shared)) {
+    note = fmt::format("flat (train.reduction = auto: {}, {})", topo.describe(),
+                       topo.nodes() == 1 ? "one node" : "one rank per node");
+    return std::make_unique<ChunkEngine>(comm.get(), engine_config(o));
+  }
+  // The chain keeps rank order exactly when node indices never decrease along the ranks.
+  const auto& of = topo.node_of_rank();
+  const bool in_order = std::is_sorted(of.begin(), of.end());
+  note = fmt::format("hierarchical (train.reduction = {}: {}; {})",
+                     automatic ? "auto" : "hierarchical", topo.describe(),
+                     in_order ? "summed in rank order: bitwise equal to flat"
+                              : "nodes are not consecutive ranks: summed node by node, not "
+                                "bitwise equal to flat");
+  return std::make_unique<HierEngine>(std::move(topo), hier_config(o));
+}
+
 double seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -29,7 +68,7 @@ double seconds(std::chrono::steady_clock::duration d) {
 MpiReducer::MpiReducer(mpi::Comm comm, std::span<float> grads, const ReducerOptions& options)
     : comm_(std::move(comm)),
       grads_(grads),
-      engine_(comm_.get(), engine_config(options)),
+      engine_(make_engine(comm_, options, reduction_)),
       chunk_elems_(options.chunk_bytes / sizeof(float)) {
   build_layout(std::max<std::size_t>(1, options.bucket_bytes / sizeof(float)), chunk_elems_);
 }
@@ -65,14 +104,14 @@ void MpiReducer::begin_step() {
 std::size_t MpiReducer::pump() {
   std::size_t completed = 0;
   for (;;) {
-    while (launched_ < launchable_ && engine_.has_free_slot()) {
+    while (launched_ < launchable_ && engine_->has_free_slot()) {
       if (launched_ == 0) first_launch_ = Clock::now();
       const Piece& p = pieces_[launched_];
-      engine_.launch(grads_.data() + p.offset, p.count, launched_);
+      engine_->launch(grads_.data() + p.offset, p.count, launched_);
       ++launched_;
     }
-    if (engine_.active() == 0) return completed;
-    const auto done = static_cast<std::size_t>(engine_.progress());
+    if (engine_->active() == 0) return completed;
+    const auto done = static_cast<std::size_t>(engine_->progress());
     if (done == 0) return completed;
     completed += done;
     completed_ += done;
@@ -130,13 +169,13 @@ void MpiReducer::allreduce_average(std::span<float> data) {
   std::size_t next = 0;
   std::size_t done = 0;
   while (done < nchunks) {
-    while (next < nchunks && engine_.has_free_slot()) {
+    while (next < nchunks && engine_->has_free_slot()) {
       const std::size_t a = n * next / nchunks;
       const std::size_t b = n * (next + 1) / nchunks;
-      engine_.launch(data.data() + a, b - a, next);
+      engine_->launch(data.data() + a, b - a, next);
       ++next;
     }
-    done += static_cast<std::size_t>(engine_.progress());
+    done += static_cast<std::size_t>(engine_->progress());
   }
   ++stats_.oneshot_calls;
   stats_.oneshot_s += seconds(Clock::now() - t0);

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "chunk_allreduce.hpp"
@@ -15,6 +17,8 @@ namespace locus::comm::detail {
 class MpiReducer final : public GradientReducer {
  public:
   // comm is the reducer's own (duplicated) communicator; options were validated and agreed.
+  // Collective over comm: resolves options.reduction (train.reduction = auto looks at the
+  // topology) and builds the flat or the hierarchical engine.
   MpiReducer(mpi::Comm comm, std::span<float> grads, const ReducerOptions& options);
 
   void ready_from(std::size_t offset) override;
@@ -24,6 +28,7 @@ class MpiReducer final : public GradientReducer {
   const ReducerStats& stats() const noexcept override { return stats_; }
   std::string_view name() const noexcept override { return "mpi"; }
   int comm_size() const noexcept override { return comm_.size(); }
+  std::string reduction() const override { return reduction_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -40,7 +45,8 @@ class MpiReducer final : public GradientReducer {
 
   mpi::Comm comm_;
   std::span<float> grads_;
-  ChunkEngine engine_;
+  std::string reduction_;
+  std::unique_ptr<AllreduceEngine> engine_;
   std::size_t chunk_elems_ = 0;
 
   // Fixed at construction. pieces_ is in launch order: the last bucket's chunks first.

@@ -226,6 +226,9 @@ class NcclReducer final : public GradientReducer {
   const ReducerStats& stats() const noexcept override { return stats_; }
   std::string_view name() const noexcept override { return "nccl"; }
   int comm_size() const noexcept override { return comm_.size(); }
+  std::string reduction() const override {
+    return "NCCL's own (topology-aware within and across nodes; train.reduction = auto)";
+  }
 
  private:
   struct Bucket {

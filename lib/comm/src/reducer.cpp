@@ -52,11 +52,12 @@ void validate(const ReducerOptions& o) {
 // Collective over comm. Mismatched buffers or options would deadlock or mis-reduce later, far
 // from the cause: compare them now (max of v and of -v gives max and min in one call).
 void check_same_everywhere(const mpi::Comm& comm, std::size_t grads, const ReducerOptions& o) {
-  constexpr std::size_t n = 7;
+  constexpr std::size_t n = 8;
   const std::array<std::int64_t, n> v = {
       static_cast<std::int64_t>(grads), static_cast<std::int64_t>(o.bucket_bytes),
       static_cast<std::int64_t>(o.chunk_bytes), static_cast<std::int64_t>(o.small_bytes),
-      o.max_in_flight, static_cast<std::int64_t>(o.mode), static_cast<std::int64_t>(o.backend)};
+      o.max_in_flight, static_cast<std::int64_t>(o.mode), static_cast<std::int64_t>(o.backend),
+      static_cast<std::int64_t>(o.reduction)};
   std::array<std::int64_t, 2 * n> mm{};
   for (std::size_t i = 0; i < n; ++i) {
     mm[i] = v[i];
@@ -65,7 +66,7 @@ void check_same_everywhere(const mpi::Comm& comm, std::size_t grads, const Reduc
   comm.allreduce_inplace(std::span<std::int64_t>(mm), MPI_MAX);
   static constexpr std::array<const char*, n> names = {
       "gradient buffer length", "bucket_bytes", "chunk_bytes", "small_bytes",
-      "max_in_flight", "mode", "backend"};
+      "max_in_flight", "mode", "backend", "reduction"};
   for (std::size_t i = 0; i < n; ++i) {
     if (mm[i] == -mm[n + i]) continue;
     ConfigError e(fmt::format("the gradient reducer's {} differs across the {} ranks (from {} "
@@ -96,6 +97,23 @@ std::string_view to_string(ReducerBackend b) noexcept {
     case ReducerBackend::mpi: return "mpi";
     case ReducerBackend::nccl: return "nccl";
     case ReducerBackend::automatic: return "auto";
+  }
+  return "?";
+}
+
+Reduction parse_reduction(std::string_view name) {
+  if (name == "auto") return Reduction::automatic;
+  if (name == "flat") return Reduction::flat;
+  if (name == "hierarchical") return Reduction::hierarchical;
+  throw ConfigError(fmt::format("train.reduction = {} is not a reduction: use auto, flat or "
+                                "hierarchical", name));
+}
+
+std::string_view to_string(Reduction r) noexcept {
+  switch (r) {
+    case Reduction::automatic: return "auto";
+    case Reduction::flat: return "flat";
+    case Reduction::hierarchical: return "hierarchical";
   }
   return "?";
 }
@@ -131,7 +149,16 @@ std::string nccl_unusable_reason(const mpi::Comm& comm, const GradientBuffer& gr
 std::unique_ptr<GradientReducer> make_nccl_reducer(const mpi::Comm& comm,
                                                    const GradientBuffer& grads,
                                                    const ReducerOptions& options) {
-  mpi::agree_on(comm, [&] { validate(options); });
+  mpi::agree_on(comm, [&] {
+    validate(options);
+    if (options.reduction != Reduction::automatic) {
+      throw ConfigError(fmt::format(
+          "train.reduction = {} applies to the MPI reducer; NCCL chooses its own topology-aware "
+          "algorithms (rings and trees within and across nodes): set train.reduction = auto "
+          "with NCCL, or train.reducer = mpi to choose the reduction",
+          to_string(options.reduction)));
+    }
+  });
   const std::string why = nccl_unusable_reason(comm, grads);
   mpi::agree_on(comm, [&] {
     if (!why.empty()) {

@@ -59,7 +59,10 @@ Topology::Topology(const mpi::Comm& comm) {
 
   // Node key of this rank: a value equal on the ranks of one node, distinct across nodes.
   if (per_node > 0) {
-    node_ = comm.split(comm.rank() / per_node, comm.rank());
+    // Keyed on the world rank, so sub-communicators agree with the world's nodes.
+    int world_rank = 0;
+    LOCUS_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+    node_ = comm.split(world_rank / per_node, comm.rank());
     source_ = fmt::format("LOCUS_TEST_RANKS_PER_NODE={} (test only)", per_node);
   } else {
     MPI_Comm shared_raw = MPI_COMM_NULL;

@@ -91,7 +91,14 @@ std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& 
   if (options.backend == comm::ReducerBackend::nccl) {
     return comm::make_nccl_reducer(dp, grads, options);
   }
-  if (options.backend == comm::ReducerBackend::automatic) {
+  if (options.backend == comm::ReducerBackend::automatic &&
+      options.reduction != comm::Reduction::automatic) {
+    // A chosen reduction order is the MPI reducer's: NCCL picks its own.
+    if (why != nullptr) {
+      *why = fmt::format("train.reduction = {} asks for the MPI reducer",
+                         comm::to_string(options.reduction));
+    }
+  } else if (options.backend == comm::ReducerBackend::automatic) {
     const std::string reason = comm::nccl_unusable_reason(dp, grads);
     if (reason.empty()) return comm::make_nccl_reducer(dp, grads, options);
     if (why != nullptr) *why = reason;

@@ -347,6 +347,11 @@ std::string Trainer::reducer_description() const {
   if (!m.reducer_note.empty()) text += " (train.reducer = auto: not NCCL, as " + m.reducer_note + ")";
   return text;
 }
+std::string Trainer::reduction_description() const {
+  const Impl& m = *impl_;
+  if (m.pipeline != nullptr) return m.pipeline->stage().reducer().reduction();
+  return m.reducer->reduction();
+}
 const Grid& Trainer::grid() const noexcept { return impl_->grid; }
 std::int64_t Trainer::steps_per_epoch() const noexcept { return impl_->steps_per_epoch; }
 std::int64_t Trainer::planned_steps() const noexcept { return impl_->planned_steps; }

@@ -64,6 +64,7 @@ class StagedReducer final : public comm::GradientReducer {
   const comm::ReducerStats& stats() const noexcept override { return inner_->stats(); }
   std::string_view name() const noexcept override { return "mpi-host-staged"; }
   int comm_size() const noexcept override { return inner_->comm_size(); }
+  std::string reduction() const override { return inner_->reduction(); }
 
  private:
   float* device_;

@@ -21,6 +21,21 @@ enum class ReducerBackend { mpi, nccl, automatic };
 ReducerBackend parse_reducer_backend(std::string_view name);  // "auto" | "mpi" | "nccl"
 std::string_view to_string(ReducerBackend b) noexcept;
 
+// train.reduction: how the MPI reducer moves data between the ranks.
+//  flat: every rank exchanges with every other rank (one level).
+//  hierarchical: reduce within each node to its leader, a chain of leaders in node order that
+//    continues the running sum, broadcast back within each node. Bitwise equal to flat where
+//    every node's ranks are consecutive in the communicator (the sum stays in rank order);
+//    otherwise summed node by node (deterministic, not bitwise flat). See comm::Topology for
+//    how nodes are found and the test-only LOCUS_TEST_RANKS_PER_NODE.
+//  automatic: hierarchical where the ranks span several nodes and some node has more than one
+//    rank, else flat.
+// The NCCL reducer has its own topology-aware algorithms: it accepts automatic (NCCL's own)
+// and refuses flat and hierarchical (ConfigError), which would claim an order it does not use.
+enum class Reduction { automatic, flat, hierarchical };
+Reduction parse_reduction(std::string_view name);  // "auto" | "flat" | "hierarchical"
+std::string_view to_string(Reduction r) noexcept;
+
 // Where a gradient buffer lives.
 enum class MemorySpace { host, cuda };
 
@@ -50,6 +65,7 @@ enum class ReduceMode {
 struct ReducerOptions {
   ReducerBackend backend = ReducerBackend::mpi;
   ReduceMode mode = ReduceMode::average;
+  Reduction reduction = Reduction::automatic;
   // Launch granularity of the streaming path: buckets are cut from the END of the buffer
   // (the backward pass fills it end first), so only the first bucket may be short.
   std::size_t bucket_bytes = std::size_t{4} << 20;
@@ -129,6 +145,9 @@ class GradientReducer {
   virtual const ReducerStats& stats() const noexcept = 0;
   virtual std::string_view name() const noexcept = 0;
   virtual int comm_size() const noexcept = 0;
+  // Which reduction runs and why, e.g. "hierarchical (train.reduction = auto: 4 ranks on 2
+  // nodes (2+2; ...); summed in rank order: bitwise equal to flat)"; NCCL: its own.
+  virtual std::string reduction() const = 0;
 };
 
 // Collective over comm (the data-parallel communicator), which is duplicated so the reducer's

@@ -10,8 +10,10 @@
 namespace locus::comm {
 
 // How nodes are told apart, in order:
-//  1. LOCUS_TEST_RANKS_PER_NODE=K (test only): ranks [0, K) of the communicator form node 0,
+//  1. LOCUS_TEST_RANKS_PER_NODE=K (test only): ranks [0, K) of MPI_COMM_WORLD form node 0,
 //     [K, 2K) node 1, ... -- so that one host can play several nodes in tests and benchmarks.
+//     World ranks, not the communicator's: a sub-communicator (e.g. the data-parallel group of
+//     one pipeline stage) sees the nodes its ranks really sit on, as it would on a cluster.
 //  2. Otherwise the ranks that can share memory (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)),
 //     further split by Slurm node name (SLURMD_NODENAME) where it is set: several Slurm nodes
 //     emulated on one host (scripts/slurm-cluster.sh --nodes) are then distinct nodes too.

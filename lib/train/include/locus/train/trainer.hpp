@@ -161,6 +161,9 @@ class Trainer {
   // The gradient reducer on this rank: "mpi", "mpi-host-staged", "nccl (NCCL 2.28.9)", with why
   // train.reducer = auto did not take NCCL where that applies.
   std::string reducer_description() const;
+  // Which gradient reduction runs and why (train.reduction; comm::GradientReducer::reduction),
+  // e.g. "flat (train.reduction = auto: 2 ranks on 1 node (2; shared memory), one node)".
+  std::string reduction_description() const;
   const Grid& grid() const noexcept;
   std::int64_t steps_per_epoch() const noexcept;
   // min(epochs * steps_per_epoch, max_steps when > 0)
