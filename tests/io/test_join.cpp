@@ -200,7 +200,7 @@ TEST(JoinTable, LoadedOnceAndTheSameOnEveryRankOrAnAgreedError) {
   o.max_bytes = 1000;
   std::string m = test::expect_agreed_error<ConfigError>(world, [&] { io::load_join_table(world, o); });
   test::expect_contains(m, dir.file("dim.csv"));
-  test::expect_contains(m, fmt::format("is {:.1f} MB", static_cast<double>(d.text.size()) / (1 << 20)));
+  test::expect_contains(m, fmt::format("is {:.1f} MiB", static_cast<double>(d.text.size()) / (1 << 20)));
   test::expect_contains(m, "raise ingest.join_max_mb");
   o = join_options(dir.file("none.csv"));
   m = test::expect_agreed_error<DataError>(world, [&] { io::load_join_table(world, o); });

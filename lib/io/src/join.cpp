@@ -188,7 +188,7 @@ std::shared_ptr<const JoinTable> load_join_table(const mpi::Comm& comm, const Jo
     size = file.size();
     if (size > o.max_bytes) {
       throw ConfigError(fmt::format(
-          "join table '{}' is {:.1f} MB, more than ingest.join_max_mb = {} allows: every rank "
+          "join table '{}' is {:.1f} MiB, more than ingest.join_max_mb = {} allows: every rank "
           "holds a copy of it; raise ingest.join_max_mb if each rank has the memory, or shrink "
           "the table (fewer rows, or fewer columns than ingest.join_columns reads)",
           o.path, static_cast<double>(size) / (1 << 20), o.max_bytes >> 20));
