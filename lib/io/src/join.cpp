@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <functional>
+#include <unordered_map>
 #include <optional>
 #include <span>
 
@@ -108,8 +111,29 @@ std::vector<std::size_t> join_slots(const std::vector<std::string>& names, std::
 }  // namespace
 
 const float* JoinTable::find(std::string_view key) const {
-  const auto it = index_.find(key);
-  return it == index_.end() ? nullptr : values_.data() + it->second * width();
+  const std::uint64_t h = std::hash<std::string_view>{}(key);
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+    const Slot& s = slots_[i];
+    if (s.row == 0) return nullptr;
+    const std::size_t r = s.row - 1;
+    if (s.hash == h &&
+        std::string_view(keys_).substr(key_at_[r], key_at_[r + 1] - key_at_[r]) == key)
+      return values_.data() + r * width();
+  }
+}
+
+void JoinTable::build_index() {
+  std::size_t size = 2;
+  while (size < 2 * rows_) size *= 2;
+  slots_.assign(size, Slot{});
+  for (std::size_t r = 0; r < rows_; ++r) {
+    const std::string_view k = std::string_view(keys_).substr(key_at_[r], key_at_[r + 1] - key_at_[r]);
+    const std::uint64_t h = std::hash<std::string_view>{}(k);
+    std::size_t i = h & (size - 1);
+    while (slots_[i].row != 0) i = (i + 1) & (size - 1);  // keys are unique: no match to find
+    slots_[i] = {h, static_cast<std::uint32_t>(r + 1)};
+  }
 }
 
 JoinTable JoinTable::parse(std::string_view bytes, const JoinOptions& o) {
@@ -164,12 +188,19 @@ JoinTable JoinTable::parse(std::string_view bytes, const JoinOptions& o) {
                                     detail::shown(v)));
       }
     }
-    t.index_.emplace(std::string(k), t.index_.size());
+    t.keys_ += k;
+    t.key_at_.push_back(t.keys_.size());
+    ++t.rows_;
   }
-  if (t.index_.empty()) {
+  if (t.rows_ == 0) {
     throw DataError(fmt::format("join table '{}' has no data rows: only the header line; it "
                                 "needs one row per key", o.path));
   }
+  if (t.rows_ >= UINT32_MAX) {
+    throw ConfigError(fmt::format("join table '{}' has {} rows, more than the {} a join table "
+                                  "may have; shrink it", o.path, t.rows_, UINT32_MAX - 1));
+  }
+  t.build_index();
   t.source_ = {o.path, bytes.size(),
                crc32_bytes(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())))};
   return t;

@@ -8,7 +8,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
@@ -33,7 +32,7 @@ class JoinTable {
   const std::string& key() const noexcept { return key_; }
   const std::vector<std::string>& columns() const noexcept { return columns_; }
   std::size_t width() const noexcept { return columns_.size(); }
-  std::size_t rows() const noexcept { return index_.size(); }
+  std::size_t rows() const noexcept { return rows_; }
   // The key's join_columns values (width() floats), or nullptr when the table lacks the key.
   const float* find(std::string_view key) const;
   // Path, size and CRC-32 of the bytes joined (for the dataset's provenance).
@@ -46,16 +45,23 @@ class JoinTable {
   static JoinTable parse(std::string_view bytes, const JoinOptions& opts);
 
  private:
-  struct Hash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept {
-      return std::hash<std::string_view>{}(s);
-    }
+  // Open addressing with linear probing over a power-of-two table at most half full, each slot
+  // holding its key's hash: a lookup is one hash, a masked index and (almost always) one key
+  // comparison. (std::unordered_map's chained nodes and modulo by a prime cost 11% of a joined
+  // ingest's samples under perf; see bench/RESULTS.md.)
+  struct Slot {
+    std::uint64_t hash = 0;
+    std::uint32_t row = 0;  // 1-based; 0: empty
   };
+  void build_index();
+
   std::string path_, key_;
   std::vector<std::string> columns_;
-  std::vector<float> values_;  // rows x width, in file order
-  std::unordered_map<std::string, std::size_t, Hash, std::equal_to<>> index_;  // key -> row
+  std::size_t rows_ = 0;
+  std::vector<float> values_;          // rows x width, in file order
+  std::string keys_;                   // every key, back to back, in file order
+  std::vector<std::size_t> key_at_{0};  // row r's key: keys_[key_at_[r], key_at_[r + 1])
+  std::vector<Slot> slots_;
   SourceFile source_;
 };
 
