@@ -33,10 +33,24 @@ void IngestSettings::register_options(Config& c) {
   c.add("ingest.speculate", speculate,
         "when no unit is left, re-run units still in flight on slower ranks (the first result "
         "wins)");
+  c.add("ingest.join", join,
+        "small CSV table broadcast to every rank and joined to each input row by ingest.join_key "
+        "(CSV input only; empty: no join)");
+  c.add("ingest.join_key", join_key,
+        "column of both tables matching a row to its join row, compared as text; not a feature");
+  c.add("ingest.join_columns", join_columns,
+        "comma-separated numeric columns of ingest.join added as features, in this order (empty: "
+        "all but the key)");
+  c.add("ingest.join_max_mb", join_max_mb,
+        "largest ingest.join table accepted (MiB); every rank holds a copy",
+        in_range(std::int64_t{1}, std::int64_t{2047}));
   c.add("gates.features", features, "required feature count (0: unchecked)", at_least(0));
   c.add("gates.require_labels", require_labels, "fail when the input has no labels");
   c.add_choice("gates.nonfinite", nonfinite, {"fail", "drop"},
                "rows with NaN/Inf features: fail the gate, or drop them (counted)");
+  c.add_choice("gates.join_missing", join_missing, {"fail", "drop"},
+               "rows whose ingest.join_key the join table lacks: fail the gate, or drop them "
+               "(counted)");
   c.add("gates.min_rows", min_rows, "minimum row count (0: unchecked)", at_least(0));
   c.add("gates.max_rows", max_rows, "maximum row count (0: unchecked)", at_least(0));
   c.add("gates.reference", reference, "reference dataset for the count and drift gates");
@@ -64,6 +78,13 @@ io::IngestOptions IngestSettings::to_options(const Config& c) const {
   o.csv.delimiter = csv_delimiter.empty() ? ',' : csv_delimiter[0];
   o.csv.label_column = csv_label;
   o.csv.feature_columns = parse_word_list(csv_features);
+  if (join.empty() && (!join_key.empty() || !join_columns.empty()))
+    throw ConfigError("ingest.join_key and ingest.join_columns need ingest.join (the table to "
+                      "join); set it, or unset them");
+  o.join.path = join;
+  o.join.key = join_key;
+  o.join.columns = parse_word_list(join_columns);
+  o.join.max_bytes = static_cast<std::uint64_t>(join_max_mb) << 20;
   o.output = output;
   o.report = report;
   o.normalize = io::parse_normalization(normalize);
@@ -75,6 +96,7 @@ io::IngestOptions IngestSettings::to_options(const Config& c) const {
   if (features > 0) o.gates.features = features;
   o.gates.require_labels = require_labels;
   o.gates.drop_nonfinite = nonfinite == "drop";
+  o.gates.drop_join_missing = join_missing == "drop";
   if (min_rows > 0) o.gates.min_rows = min_rows;
   if (max_rows > 0) o.gates.max_rows = max_rows;
   if (min_rows > 0 && max_rows > 0 && min_rows > max_rows) {

@@ -18,11 +18,13 @@ struct IngestSettings {
   std::int64_t num_classes = 0, chunk_rows = 0, unit_bytes = 0;
   std::string schedule = "dynamic";
   bool speculate = true;
+  std::string join, join_key, join_columns;
+  std::int64_t join_max_mb = 256;
   double watchdog_s = kWatchdogDefaultS;
   // [gates]
   std::int64_t features = 0, min_rows = 0, max_rows = 0, psi_bins = 10;
   bool require_labels = false;
-  std::string nonfinite = "fail", reference;
+  std::string nonfinite = "fail", join_missing = "fail", reference;
   double rows_within_pct = -1, max_mean_shift = -1, max_psi = -1;
   // command-line switches
   bool validate_only = false, append = false, overwrite = false;

@@ -66,6 +66,11 @@ void print_summary(const locus::io::IngestOptions& opts, const locus::io::Ingest
   fmt::print("  gates: {} rules passed{}; non-finite rows {}, dropped {}\n", rep.rules.size(),
              rep.reference.empty() ? "" : fmt::format(" (reference {})", rep.reference),
              rep.nonfinite_rows, rep.dropped_rows);
+  if (rep.join_missing_rows) {
+    fmt::print("  join: {} by '{}'; rows whose key it lacks: {}{}\n", opts.join.path,
+               opts.join.key, *rep.join_missing_rows,
+               *rep.join_missing_rows > 0 ? " (dropped)" : "");
+  }
   print_schedule(r.schedule);
 }
 

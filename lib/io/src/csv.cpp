@@ -8,6 +8,7 @@
 #include <cfloat>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
@@ -17,35 +18,12 @@
 
 #include "locus/comm/agree.hpp"
 #include "locus/io/unit_source.hpp"
+#include "csv_fields.hpp"
 #include "source_file.hpp"
 
 namespace locus::io {
 
-namespace {
-
-constexpr int kSkip = -1;   // column not selected: not parsed at all
-constexpr int kLabel = -2;  // the label column
-constexpr std::uint64_t kPollBytes = std::uint64_t{1} << 20;  // keep_going() period
-
-// What is wrong with one data row (the line number is added by the caller).
-struct RowError {
-  std::string detail;
-};
-
-// A parse failure on one line of this rank; the global line number is added after an
-// exclusive scan of the ranks' line counts.
-struct LineError {
-  std::int64_t local_line = 0;  // 0-based among this rank's lines
-  std::string detail;
-};
-
-struct CsvLayout {
-  std::vector<std::string> names;  // header columns
-  std::unordered_map<std::string, std::size_t> index;  // name -> column (wide files: no O(M^2))
-  std::vector<int> slot;           // per header column: feature index, kLabel or kSkip
-  std::vector<std::string> feature_names;
-  std::uint64_t data_begin = 0;    // file offset of the first line after the header
-};
+namespace detail {
 
 bool is_blank(char c) { return c == ' ' || c == '\t'; }
 
@@ -61,7 +39,6 @@ std::string_view strip_cr(std::string_view s) {
   return s;
 }
 
-// Splits a line at the delimiter into reused storage (no allocation once it has grown).
 void split(std::string_view line, char delim, std::vector<std::string_view>& out) {
   out.clear();
   for (;;) {
@@ -72,11 +49,12 @@ void split(std::string_view line, char delim, std::vector<std::string_view>& out
   }
 }
 
-// A value as shown in messages: quoted, shortened when long.
 std::string shown(std::string_view v) {
   if (v.size() > 40) return fmt::format("'{}...'", v.substr(0, 40));
   return fmt::format("'{}'", v);
 }
+
+namespace {
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> row(b.size() + 1);
@@ -94,6 +72,8 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   }
   return row[b.size()];
 }
+
+}  // namespace
 
 [[noreturn]] void throw_missing_column(const std::string& path, const std::string& name,
                                        const char* option, const std::vector<std::string>& names) {
@@ -116,6 +96,58 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
                               "{} columns: {}; fix the name in [ingest]",
                               path, name, option, hint, names.size(), list));
 }
+
+bool parse_float(std::string_view s, float& out) {
+  const char* b = s.data();
+  const char* e = b + s.size();
+  if (b != e && *b == '+' && e - b > 1 && b[1] != '-' && b[1] != '+') ++b;
+  const auto [ptr, ec] = std::from_chars(b, e, out);
+  if (ptr != e) return false;
+  if (ec == std::errc()) return true;
+  if (ec != std::errc::result_out_of_range) return false;
+  double d = 0;
+  const auto [dptr, dec] = std::from_chars(b, e, d);
+  if (dec != std::errc() || dptr != e || !(std::fabs(d) <= FLT_MAX)) return false;
+  out = static_cast<float>(d);
+  return true;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::is_blank;
+using detail::parse_float;
+using detail::shown;
+using detail::split;
+using detail::strip_cr;
+using detail::throw_missing_column;
+
+constexpr int kSkip = -1;   // column not selected: not parsed at all
+constexpr int kLabel = -2;  // the label column
+constexpr int kJoinKey = -3;  // ingest.join_key: looked up in the join table, not a feature
+constexpr std::uint64_t kPollBytes = std::uint64_t{1} << 20;  // keep_going() period
+
+// What is wrong with one data row (the line number is added by the caller).
+struct RowError {
+  std::string detail;
+};
+
+// A parse failure on one line of this rank; the global line number is added after an
+// exclusive scan of the ranks' line counts.
+struct LineError {
+  std::int64_t local_line = 0;  // 0-based among this rank's lines
+  std::string detail;
+};
+
+struct CsvLayout {
+  std::vector<std::string> names;  // header columns
+  std::unordered_map<std::string, std::size_t> index;  // name -> column (wide files: no O(M^2))
+  std::vector<int> slot;           // per header column: feature index, kLabel, kJoinKey or kSkip
+  std::vector<std::string> feature_names;  // the input's selected columns, then the joined ones
+  std::size_t joined_at = 0;       // the first joined feature (= the input's feature count)
+  std::uint64_t data_begin = 0;    // file offset of the first line after the header
+};
 
 std::size_t find_column(const CsvLayout& l, const std::string& path, const std::string& name,
                         const char* option) {
@@ -168,8 +200,37 @@ void read_header_names(std::string_view line, const CsvOptions& opts, CsvLayout&
   }
 }
 
+// The join key is a column of its own: neither the label nor a feature.
+void check_join_key(const CsvOptions& opts, const JoinTable& join) {
+  if (join.key() == opts.label_column) {
+    throw ConfigError(fmt::format("ingest.join_key '{}' is also the label column; the key "
+                                  "selects the join table's row: name another column",
+                                  join.key()));
+  }
+  if (std::find(opts.feature_columns.begin(), opts.feature_columns.end(), join.key()) !=
+      opts.feature_columns.end()) {
+    throw ConfigError(fmt::format("ingest.csv_features lists the join key '{}'; the key is "
+                                  "compared as text and is not a feature: remove it from "
+                                  "ingest.csv_features", join.key()));
+  }
+}
+
+// The joined features follow the input's, in ingest.join_columns order; no name twice.
+void add_join_columns(const CsvOptions& opts, const JoinTable& join, CsvLayout& l) {
+  for (const std::string& name : join.columns()) {
+    if (std::find(l.feature_names.begin(), l.feature_names.end(), name) != l.feature_names.end()) {
+      throw ConfigError(fmt::format("join column '{}' of '{}' has the name of a feature column "
+                                    "of '{}'; feature names must be unique: leave it out of "
+                                    "ingest.join_columns or of ingest.csv_features",
+                                    name, join.path(), opts.path));
+    }
+    l.feature_names.push_back(name);
+  }
+}
+
 // Reads the header line and decides which column goes where. Local; no communication.
-CsvLayout read_layout(const detail::InputFile& file, const CsvOptions& opts) {
+CsvLayout read_layout(const detail::InputFile& file, const CsvOptions& opts,
+                      const JoinTable* join = nullptr) {
   check_options(opts);
   detail::LineReader reader(file, 0, file.size());
   std::string_view line;
@@ -185,9 +246,11 @@ CsvLayout read_layout(const detail::InputFile& file, const CsvOptions& opts) {
   l.slot.assign(l.names.size(), kSkip);
   if (!opts.label_column.empty())
     l.slot[find_column(l, opts.path, opts.label_column, "label_column")] = kLabel;
+  if (join != nullptr) check_join_key(opts, *join);
+  if (join != nullptr) l.slot[find_column(l, opts.path, join->key(), "join_key")] = kJoinKey;
   if (opts.feature_columns.empty()) {
     for (std::size_t c = 0; c < l.names.size(); ++c) {
-      if (l.slot[c] == kLabel) continue;
+      if (l.slot[c] == kLabel || l.slot[c] == kJoinKey) continue;
       l.slot[c] = static_cast<int>(l.feature_names.size());
       l.feature_names.push_back(l.names[c]);
     }
@@ -203,23 +266,9 @@ CsvLayout read_layout(const detail::InputFile& file, const CsvOptions& opts) {
                                 "a table needs at least one feature", opts.path,
                                 opts.label_column));
   }
+  l.joined_at = l.feature_names.size();
+  if (join != nullptr) add_join_columns(opts, *join, l);
   return l;
-}
-
-// std::from_chars with a leading '+' allowed; float underflow gives a denormal or zero.
-bool parse_float(std::string_view s, float& out) {
-  const char* b = s.data();
-  const char* e = b + s.size();
-  if (b != e && *b == '+' && e - b > 1 && b[1] != '-' && b[1] != '+') ++b;
-  const auto [ptr, ec] = std::from_chars(b, e, out);
-  if (ptr != e) return false;
-  if (ec == std::errc()) return true;
-  if (ec != std::errc::result_out_of_range) return false;
-  double d = 0;
-  const auto [dptr, dec] = std::from_chars(b, e, d);
-  if (dec != std::errc() || dptr != e || !(std::fabs(d) <= FLT_MAX)) return false;
-  out = static_cast<float>(d);
-  return true;
 }
 
 bool parse_label(std::string_view s, std::int32_t& out) {
@@ -232,7 +281,8 @@ bool parse_label(std::string_view s, std::int32_t& out) {
 
 // Parses one data line into features (D floats) and the label; throws a detail message.
 void parse_row(const std::vector<std::string_view>& fields, const CsvLayout& l,
-               const CsvOptions& opts, float* features, std::int32_t* label) {
+               const CsvOptions& opts, float* features, std::int32_t* label,
+               std::string_view* key) {
   if (fields.size() != l.names.size()) {
     throw RowError{fmt::format(
         "the row has {} fields but the header has {} columns; every row needs one value per "
@@ -247,7 +297,9 @@ void parse_row(const std::vector<std::string_view>& fields, const CsvLayout& l,
       throw RowError{fmt::format("column '{}' is empty; every selected column needs a value "
                                  "(write nan for a missing feature value)", l.names[c])};
     }
-    if (slot == kLabel) {
+    if (slot == kJoinKey) {
+      *key = v;
+    } else if (slot == kLabel) {
       if (!parse_label(v, *label)) {
         throw RowError{fmt::format("label column '{}' has value {}, which is not an integer; "
                                    "labels must be whole numbers within int32 range (e.g. 3, "
@@ -271,15 +323,20 @@ struct LocalParse {
   bool stopped = false;    // keep_going said stop
   std::optional<LineError> line_error;
   std::optional<mpi::Failure> other_error;  // I/O failure, not tied to a line
+  std::int64_t join_missing = 0;            // rows left out: the join table lacks their key
+  std::optional<JoinMiss> first_missing;
 };
 
 // Parses the lines that start in [range.begin, range.end) into t. Never throws, so every
 // rank reaches the collectives that follow.
 // keep_going (when given) is asked about every MiB of input; parsing stops when it says false
 // (LocalParse::stopped).
+// With a join table, each row gets the values of its key appended; a row whose key the table
+// lacks is left out and counted (the join_missing gate decides).
 LocalParse parse_range(const detail::InputFile& file, std::uint64_t limit, const CsvLayout& l,
                        const CsvOptions& opts, detail::Range range, bool first_rank, Table& t,
-                       const std::function<bool()>* keep_going = nullptr) {
+                       const std::function<bool()>* keep_going = nullptr,
+                       const JoinTable* join = nullptr) {
   LocalParse out;
   try {
     if (range.count() == 0) return out;
@@ -306,13 +363,22 @@ LocalParse parse_range(const detail::InputFile& file, std::uint64_t limit, const
       const std::size_t row = t.features.size() / d;
       t.features.resize(t.features.size() + d);
       if (t.has_labels) t.labels.resize(row + 1);
+      std::string_view key;
       try {
         parse_row(fields, l, opts, t.features.data() + row * d,
-                  t.has_labels ? t.labels.data() + row : nullptr);
+                  t.has_labels ? t.labels.data() + row : nullptr, &key);
       } catch (RowError& e) {
         out.line_error = LineError{out.lines - 1, std::move(e.detail)};
         return out;
       }
+      if (join == nullptr) continue;
+      if (const float* v = join->find(key)) {
+        std::copy_n(v, join->width(), t.features.data() + row * d + l.joined_at);
+        continue;
+      }
+      if (out.join_missing++ == 0) out.first_missing = JoinMiss{out.lines - 1, std::string(key)};
+      t.features.resize(row * d);
+      if (t.has_labels) t.labels.resize(row);
     }
   } catch (const Error& e) {
     out.other_error = mpi::Failure{e.kind(), e.what()};
@@ -326,8 +392,9 @@ LocalParse parse_range(const detail::InputFile& file, std::uint64_t limit, const
 class CsvUnits final : public UnitSource {
  public:
   CsvUnits(const CsvOptions& opts, detail::InputFile file, CsvLayout layout, std::uint64_t limit,
-           std::uint64_t unit_bytes)
-      : opts_(opts), file_(std::move(file)), layout_(std::move(layout)), limit_(limit) {
+           std::uint64_t unit_bytes, std::shared_ptr<const JoinTable> join)
+      : opts_(opts), file_(std::move(file)), layout_(std::move(layout)), limit_(limit),
+        join_(std::move(join)) {
     begin_ = std::min(layout_.data_begin, limit_);
     const std::uint64_t data = limit_ - begin_;
     unit_bytes_ = unit_bytes == 0 ? auto_unit_bytes(data) : unit_bytes;
@@ -346,10 +413,13 @@ class CsvUnits final : public UnitSource {
     const auto u = static_cast<std::uint64_t>(unit);
     const detail::Range range{std::min(limit_, begin_ + u * unit_bytes_),
                               std::min(limit_, begin_ + (u + 1) * unit_bytes_)};
-    const LocalParse p = parse_range(file_, limit_, layout_, opts_, range, u == 0, t, &keep_going);
+    const LocalParse p =
+        parse_range(file_, limit_, layout_, opts_, range, u == 0, t, &keep_going, join_.get());
     UnitParse out;
     out.lines = p.lines;
     out.abandoned = p.stopped;
+    out.join_missing = p.join_missing;
+    out.first_missing = p.first_missing;
     if (p.other_error) out.error = UnitError{p.other_error->kind, p.other_error->message};
     if (p.line_error) out.error = UnitError{ErrorKind::data, p.line_error->detail, p.line_error->local_line};
     return out;
@@ -371,22 +441,25 @@ class CsvUnits final : public UnitSource {
   CsvLayout layout_;
   std::uint64_t limit_ = 0, begin_ = 0, unit_bytes_ = 1, units_ = 1;
   Table header_;
+  std::shared_ptr<const JoinTable> join_;  // null without ingest.join
 };
 
 }  // namespace
 
 std::unique_ptr<UnitSource> open_csv_units(const mpi::Comm& comm, const CsvOptions& opts,
-                                           std::uint64_t unit_bytes) {
+                                           std::uint64_t unit_bytes,
+                                           std::shared_ptr<const JoinTable> join) {
   std::optional<detail::InputFile> file;
   CsvLayout layout;
   mpi::agree_on(comm, [&] {
     file.emplace(opts.path);
-    layout = read_layout(*file, opts);
+    layout = read_layout(*file, opts, join.get());
   });
   // Rank 0's size ends the last unit, so every rank cuts the same units.
   std::uint64_t limit = file->size();
   comm.bcast(std::span<std::uint64_t>(&limit, 1));
-  return std::make_unique<CsvUnits>(opts, std::move(*file), std::move(layout), limit, unit_bytes);
+  return std::make_unique<CsvUnits>(opts, std::move(*file), std::move(layout), limit, unit_bytes,
+                                    std::move(join));
 }
 
 Table read_csv(const mpi::Comm& comm, const CsvOptions& opts) {

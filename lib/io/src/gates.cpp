@@ -357,6 +357,27 @@ GateReport evaluate_gates(const mpi::Comm& comm, const Table& local, const GateC
   return report;
 }
 
+void join_missing_rule(const GateConfig& cfg, std::int64_t missing, const std::string& first,
+                       const std::string& input, const std::string& table,
+                       const std::string& key, GateReport& report) {
+  report.join_missing_rows = missing;
+  std::string detail;
+  if (missing == 0) {
+    detail = fmt::format("every row's key (column '{}') is in join table '{}'", key, table);
+  } else if (cfg.drop_join_missing) {
+    detail = fmt::format("{} {} of '{}' with a key (column '{}') that join table '{}' lacks "
+                         "were dropped (gates.join_missing = drop); first: {}", missing,
+                         missing == 1 ? "row" : "rows", input, key, table, first);
+  } else {
+    detail = fmt::format("{} {} of '{}' {} a key (column '{}') that join table '{}' lacks; "
+                         "first: {}; add the keys to '{}', or set gates.join_missing = drop to "
+                         "leave those rows out", missing, missing == 1 ? "row" : "rows", input,
+                         missing == 1 ? "has" : "have", key, table, first, table);
+  }
+  report.rules.push_back({"join_missing", missing == 0 || cfg.drop_join_missing,
+                          static_cast<double>(missing), 0.0, std::move(detail)});
+}
+
 bool GateReport::passed() const {
   return std::all_of(rules.begin(), rules.end(), [](const RuleResult& r) { return r.passed; });
 }
@@ -376,6 +397,7 @@ Json GateReport::json() const {
   j["cols"] = cols;
   j["nonfinite_rows"] = nonfinite_rows;
   j["dropped_rows"] = dropped_rows;
+  if (join_missing_rows) j["join_missing_rows"] = *join_missing_rows;
   j["reference"] = reference.empty() ? Json(nullptr) : Json(reference);
   j["failed"] = std::move(failed);
   j["rules"] = std::move(rule_list);

@@ -44,6 +44,13 @@ void check_options(const mpi::Comm& comm, const IngestOptions& o, bool output_ex
       throw ConfigError("option 'ingest.output' is empty; name the dataset file to write");
     if (o.append && o.overwrite)
       throw ConfigError("--append and --overwrite exclude each other; choose one");
+    if (!o.join.path.empty() && o.source != IngestOptions::Source::csv)
+      throw ConfigError("ingest.join needs ingest.source = csv: the join key is a CSV column; "
+                        "unset ingest.join for IDX input");
+    if (!o.join.path.empty() && o.join.key.empty())
+      throw ConfigError(fmt::format("ingest.join = '{}' needs ingest.join_key, the column of "
+                                    "both tables that matches a row to its join row",
+                                    o.join.path));
     if (o.validate_only || o.append) return;
     if (output_exists && !o.overwrite) {
       throw ConfigError(fmt::format("output '{}' already exists; pass --overwrite to replace "
@@ -70,8 +77,10 @@ bool already_appended(const DatasetMeta& existing, const std::vector<SourceFile>
                     });
 }
 
-std::unique_ptr<UnitSource> open_units(const mpi::Comm& comm, const IngestOptions& o) {
-  if (o.source == IngestOptions::Source::csv) return open_csv_units(comm, o.csv, o.unit_bytes);
+std::unique_ptr<UnitSource> open_units(const mpi::Comm& comm, const IngestOptions& o,
+                                       std::shared_ptr<const JoinTable> join) {
+  if (o.source == IngestOptions::Source::csv)
+    return open_csv_units(comm, o.csv, o.unit_bytes, std::move(join));
   return open_idx_units(comm, o.idx, o.unit_bytes);
 }
 
@@ -147,6 +156,15 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     sources.push_back(checksum_file(comm, p));
   }
   for (const auto& s : sources) res.input_bytes += s.bytes;
+  // The join table: read by rank 0, broadcast, parsed on every rank; a source of the dataset.
+  std::shared_ptr<const JoinTable> join;
+  if (!opts.join.path.empty()) {
+    comm::progress("join table {} (read by rank 0, broadcast)", opts.join.path);
+    JoinOptions jo = opts.join;
+    jo.delimiter = opts.csv.delimiter;
+    join = load_join_table(comm, jo);
+    sources.push_back(join->source());
+  }
   if (opts.append && !opts.validate_only && already_appended(existing, sources)) {
     res.already_appended = true;
     res.meta = std::move(existing);
@@ -156,7 +174,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   detail::ParsedUnits parsed;
   {
     comm::progress("reading and parsing {}", fmt::join(input_paths(opts), ", "));
-    const std::unique_ptr<UnitSource> units = open_units(comm, opts);
+    const std::unique_ptr<UnitSource> units = open_units(comm, opts, join);
     // The work queue keeps 32 bytes per unit on rank 0 and the ranks exchange 24: bounded.
     constexpr std::int64_t kMaxUnits = std::int64_t{1} << 22;
     if (units->units() > kMaxUnits) {
@@ -181,6 +199,10 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   res.report = evaluate_gates(comm, table, gates, stats, have_ref ? &ref : nullptr,
                               have_ref ? &ref_meta.histogram : nullptr, parsed.dropped,
                               parsed.runs);
+  if (join) {
+    join_missing_rule(gates, parsed.join_missing, parsed.join_missing_first, opts.csv.path,
+                      join->path(), join->key(), res.report);
+  }
   res.seconds_gates = MPI_Wtime() - t0;
   std::string report_path = opts.report;
   if (report_path.empty()) report_path = (opts.output.empty() ? "ingest" : opts.output) + ".gates.json";

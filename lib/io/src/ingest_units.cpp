@@ -32,6 +32,8 @@ struct Won {
   std::int64_t lines = 0;
   std::int64_t dropped = 0;
   std::optional<UnitError> error;
+  std::int64_t join_missing = 0;
+  std::optional<JoinMiss> first_missing;
   FeatureStats stats;
   std::optional<Table> piece;    // rows of a unit won out of order
 };
@@ -139,6 +141,8 @@ class UnitLoop {
     bool moot = p.abandoned;
     w.lines = p.lines;
     w.error = p.error;
+    w.join_missing = p.join_missing;
+    w.first_missing = p.first_missing;
     if (!moot) {
       if (w.error) truncate_rows(dst, mark);  // the job fails; the rows do not count
       w.dropped = opts_.drop_nonfinite ? nonfinite_rows(dst, mark, true) : 0;
@@ -191,6 +195,28 @@ void agree_on_errors(const mpi::Comm& comm, const UnitSource& src, const std::ve
   });
 }
 
+// Collective: "'in.csv' line 57: key 'x'", the first row of the input (in unit order) whose
+// join key the join table lacks, on every rank; "" when there is none.
+std::string first_join_miss(const mpi::Comm& comm, const UnitSource& src,
+                            const std::vector<Won>& won, std::span<const std::int64_t> missing,
+                            std::span<const std::int64_t> lines) {
+  const auto first = std::find_if(missing.begin(), missing.end(), [](std::int64_t m) { return m > 0; });
+  if (first == missing.end()) return {};
+  const std::int64_t unit = first - missing.begin();
+  const auto it = std::find_if(won.begin(), won.end(), [&](const Won& w) { return w.unit == unit; });
+  const int owner = comm.allreduce(it != won.end() ? comm.rank() : comm.size(), MPI_MIN);
+  std::string text;
+  if (it != won.end() && owner == comm.rank()) {
+    LOCUS_ASSERT(it->first_missing.has_value(), "a unit with join misses has no first miss");
+    std::int64_t before = 0;
+    for (std::int64_t u = 0; u < unit; ++u) before += lines[static_cast<std::size_t>(u)];
+    text = src.describe(UnitError{ErrorKind::data, fmt::format("key '{}'", it->first_missing->key),
+                                  it->first_missing->line},
+                        before);
+  }
+  return comm.bcast(std::move(text), owner);
+}
+
 std::vector<IngestRankStats> gather_stats(const mpi::Comm& comm, const IngestRankStats& s) {
   constexpr int kFields = 7;
   const std::array<double, kFields> mine{
@@ -228,12 +254,13 @@ ParsedUnits parse_units(const mpi::Comm& comm, UnitSource& src, const UnitLoopOp
   // Per unit, from its winner: rows (after dropping), lines, dropped rows.
   const std::int64_t units = src.units();
   const auto n = static_cast<std::size_t>(units);
-  std::vector<std::int64_t> info(3 * n, 0);
+  std::vector<std::int64_t> info(4 * n, 0);
   for (const Won& w : won) {
     const auto u = static_cast<std::size_t>(w.unit);
     info[u] = w.rows;
     info[n + u] = w.lines;
     info[2 * n + u] = w.dropped;
+    info[3 * n + u] = w.join_missing;
   }
   comm.allreduce_inplace(std::span<std::int64_t>(info), MPI_SUM);
   agree_on_errors(comm, src, won, std::span<const std::int64_t>(info).subspan(n, n));
@@ -242,7 +269,11 @@ ParsedUnits parse_units(const mpi::Comm& comm, UnitSource& src, const UnitLoopOp
   for (std::size_t u = 0; u < n; ++u) {
     first_row[u + 1] = first_row[u] + info[u];
     res.dropped += info[2 * n + u];
+    res.join_missing += info[3 * n + u];
   }
+  res.join_missing_first = first_join_miss(comm, src, won,
+                                           std::span<const std::int64_t>(info).subspan(3 * n, n),
+                                           std::span<const std::int64_t>(info).subspan(n, n));
   res.rows = first_row[n];
   mpi::agree_on(comm, [&] { src.check_total_rows(res.rows); });
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
@@ -30,6 +31,8 @@ struct ParsedUnits {
   FeatureStats stats;                   // of all units, merged in unit order (every rank)
   std::int64_t rows = 0;                // over all units, after dropping (every rank)
   std::int64_t dropped = 0;             // rows dropped for NaN/Inf (every rank)
+  std::int64_t join_missing = 0;        // rows left out: the join table lacks their key (every rank)
+  std::string join_missing_first;       // the first of them, "'in.csv' line 57: key 'x'" (every rank)
   IngestSchedule schedule;              // every rank's counts (every rank)
 };
 

@@ -25,6 +25,9 @@ struct GateConfig {
   // non-finite values: false = "fail" (any NaN/Inf row fails), true = "drop" (the app dropped
   // them with handle_nonfinite and passes the count as dropped_rows)
   bool drop_nonfinite = false;
+  // rows whose ingest.join key the join table lacks (always left out of the data): false =
+  // "fail" (any such row fails the join_missing rule), true = "drop" (counted, passes)
+  bool drop_join_missing = false;
   // record count
   std::optional<std::int64_t> min_rows, max_rows;
   std::optional<double> rows_within_pct;  // |rows - ref.rows| / ref.rows * 100 <= pct
@@ -58,11 +61,12 @@ struct GateReport {
   std::int64_t rows = 0, cols = 0;  // of the data as evaluated (after any drop)
   std::int64_t nonfinite_rows = 0;  // rows with NaN/Inf found, dropped ones included
   std::int64_t dropped_rows = 0;
+  std::optional<std::int64_t> join_missing_rows;  // with ingest.join: rows whose key it lacks
   std::string reference;            // reference dataset path, empty without one
 
   bool passed() const;
   // {"passed":false,"rows":..,"cols":..,"nonfinite_rows":..,"dropped_rows":..,
-  //  "reference":"..."|null,"failed":["max_psi"],"rules":[{"rule":"max_psi","passed":false,
+  //  "join_missing_rows":.. (only with a join),"reference":"..."|null,"failed":["max_psi"],"rules":[{"rule":"max_psi","passed":false,
   //  "value":0.41,"threshold":0.25,"detail":"..."}, ...]}; numbers round-trip exactly and
   // non-finite ones are null. indent > 0 pretty-prints.
   std::string to_json(int indent = 0) const;
@@ -107,6 +111,14 @@ GateReport evaluate_gates(const mpi::Comm& comm, const Table& local, const GateC
                           const FeatureStats& stats, const ReferenceStats* ref,
                           const Histogram* ref_hist, std::int64_t dropped_rows = 0,
                           std::span<const RowRun> runs = {});
+
+// The join_missing rule of an ingest with ingest.join, appended to report (local; every rank
+// passes the same numbers): `missing` rows of `input` had a key in column `key` that the join
+// table `table` lacks (they are not in the data the other rules saw); `first` names the first
+// ("'in.csv' line 57: key 'x'"). Passes when there are none, or with cfg.drop_join_missing.
+void join_missing_rule(const GateConfig& cfg, std::int64_t missing, const std::string& first,
+                       const std::string& input, const std::string& table,
+                       const std::string& key, GateReport& report);
 
 // Population stability index of two histograms of one feature (counts over the same bins),
 // with each proportion floored at eps so empty bins do not make it infinite.

@@ -15,6 +15,7 @@
 #include "locus/io/dataset_file.hpp"
 #include "locus/io/gates.hpp"
 #include "locus/io/idx.hpp"
+#include "locus/io/join.hpp"
 #include "locus/io/stats.hpp"
 
 namespace locus::io {
@@ -24,6 +25,10 @@ struct IngestOptions {
   Source source = Source::idx;
   IdxOptions idx;
   CsvOptions csv;
+  // ingest.join (CSV only): a small table broadcast to every rank whose columns are added to
+  // each row by its key; rows whose key it lacks are left out and judged by the join_missing
+  // gate (GateConfig::drop_join_missing). The table is recorded as a source after the input.
+  JoinOptions join;
   std::string output;              // final dataset path
   std::string report;              // gate report (JSON); "" → "<output>.gates.json"
   Normalization normalize = Normalization::none;

@@ -14,6 +14,7 @@
 #include "locus/comm/mpi.hpp"
 #include "locus/io/csv.hpp"
 #include "locus/io/idx.hpp"
+#include "locus/io/join.hpp"
 #include "locus/io/table.hpp"
 
 namespace locus::io {
@@ -26,10 +27,18 @@ struct UnitError {
   std::int64_t line = -1;  // CSV: the offending line, 0-based among the unit's lines; -1: none
 };
 
+// A row of the input whose ingest.join key the join table lacks (left out of the rows).
+struct JoinMiss {
+  std::int64_t line = -1;  // 0-based among the unit's lines, as UnitError::line
+  std::string key;
+};
+
 struct UnitParse {
   std::int64_t lines = 0;   // CSV: physical lines that start in the unit (blank ones included)
   bool abandoned = false;   // keep_going() said stop: the rows appended are incomplete
   std::optional<UnitError> error;
+  std::int64_t join_missing = 0;          // rows left out for a key the join table lacks
+  std::optional<JoinMiss> first_missing;  // the first of them
 };
 
 class UnitSource {
@@ -74,8 +83,11 @@ std::unique_ptr<UnitSource> open_idx_units(const mpi::Comm& comm, const IdxOptio
 // Collective over comm: opens the CSV file and reads its header as read_csv does (errors agreed).
 // Unit u is the lines that start in bytes [b + u·unit_bytes, b + (u+1)·unit_bytes) after the
 // header (b: the first data byte; rank 0's file size ends the last unit), parsed as read_csv
-// parses a rank's range.
+// parses a rank's range. With a join table, its key column (join->key()) must be in the header
+// and is no feature; each row gets the key's join->columns() appended after the input's
+// features, and a row whose key the table lacks is left out and counted (join_missing).
 std::unique_ptr<UnitSource> open_csv_units(const mpi::Comm& comm, const CsvOptions& opts,
-                                           std::uint64_t unit_bytes);
+                                           std::uint64_t unit_bytes,
+                                           std::shared_ptr<const JoinTable> join = nullptr);
 
 }  // namespace locus::io
