@@ -161,6 +161,10 @@ class Trainer {
   // The gradient reducer on this rank: "mpi", "mpi-host-staged", "nccl (NCCL 2.28.9)", with why
   // train.reducer = auto did not take NCCL where that applies.
   std::string reducer_description() const;
+  // Local: what node-local staging of the training set did (data.stage_dir; stage.hpp), one
+  // line, the same on every rank that feeds data; "" without staging or on a rank that does not
+  // feed (a pipeline stage after the first).
+  std::string stage_description() const;
   const Grid& grid() const noexcept;
   std::int64_t steps_per_epoch() const noexcept;
   // min(epochs * steps_per_epoch, max_steps when > 0)
