@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -84,9 +85,8 @@ class StageTest : public testing::Test {
       EXPECT_EQ(a[e].x, b[e].x) << "epoch " << e;
     }
   }
-  // This node's staged file (Topology of the world, as the loader's dup sees it).
-  std::string my_file(const LoaderOptions& o) const {
-    const comm::Topology topo(world_);
+  // This node's staged file (local; topo: of the world, as the loader's dup sees it).
+  static std::string my_file(const LoaderOptions& o, const comm::Topology& topo) {
     return train::staged_file_path(o, topo.node_index());
   }
   // Collective: whether any rank still sees a staged or temporary file in stage_dir.
@@ -174,7 +174,7 @@ class StageModes : public StageTest {
       }
       // The node's copy holds exactly its rows.
       if (topo.is_leader()) {
-        EXPECT_EQ(staged_rows_in(my_file(o)), expected_rows(m.s, topo));
+        EXPECT_EQ(staged_rows_in(my_file(o, topo)), expected_rows(m.s, topo));
       }
       // A second run reuses every node's copy and sees the same batches as the source.
       const auto staged = run(o);
@@ -214,10 +214,10 @@ TEST_F(StageTest, FirstRunStagesSecondReusesAndRemovalRespectsKeep) {
   }
   o.stage_keep = true;
   EXPECT_FALSE(train::remove_staged_copy(world_, o));
-  EXPECT_TRUE(std::filesystem::exists(my_file(o)));
+  EXPECT_TRUE(std::filesystem::exists(my_file(o, topo)));
   o.stage_keep = false;
   EXPECT_TRUE(train::remove_staged_copy(world_, o));
-  EXPECT_FALSE(std::filesystem::exists(my_file(o)));
+  EXPECT_FALSE(std::filesystem::exists(my_file(o, topo)));
 }
 
 TEST_F(StageTest, GlobalShuffleReadsEachSourceByteOncePerNode) {
@@ -236,7 +236,7 @@ TEST_F(StageTest, CorruptedCopyIsDetectedAndRebuilt) {
   // One flipped bit in the last node's features.
   const comm::Topology topo(world_);
   if (topo.is_leader() && topo.node_index() == topo.nodes() - 1) {
-    const std::string path = my_file(o);
+    const std::string path = my_file(o, topo);
     const std::int64_t off = features_offset(path) + 4 * 17 + 1;
     const int fd = ::open(path.c_str(), O_RDWR);
     ASSERT_GE(fd, 0);
@@ -265,8 +265,8 @@ TEST_F(StageTest, CorruptedCopyIsDetectedAndRebuilt) {
 TEST_F(StageTest, DamagedForeignOrIncompleteCopiesAreRebuilt) {
   ScopedEnv env("LOCUS_TEST_RANKS_PER_NODE", world_.size() == 4 ? "2" : nullptr);
   const LoaderOptions local = opts(Shuffle::local, kLarge, true);
-  const std::string path = my_file(local);
   const comm::Topology topo(world_);
+  const std::string path = my_file(local, topo);
   // A garbage file under the final name and a temporary file of a crashed build.
   if (topo.is_leader()) {
     std::ofstream(path) << "not hdf5";
@@ -317,4 +317,42 @@ TEST_F(StageTest, BadSourceFailsBeforeStaging) {
   const std::string msg = test::error_of<DataError>([&] { Loader l(world_, o); });
   EXPECT_NE(msg.find("missing.h5"), std::string::npos) << msg;
   EXPECT_FALSE(any_file_left());
+}
+
+// The loader really reads the staged copy: the source is changed in place behind the manifest's
+// back (one value; size, inode and mtime restored), so the verified copy still holds the old
+// value while a direct read sees the new one.
+TEST_F(StageTest, BatchesComeFromTheStagedCopy) {
+  LoaderOptions o = opts(Shuffle::global, kLarge, true);
+  { Loader l(world_, o); }
+  if (world_.is_root()) {
+    struct stat st {};
+    ASSERT_EQ(::stat(source().c_str(), &st), 0);
+    const hid_t f = H5Fopen(source().c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const hid_t d = H5Dopen2(f, "/features", H5P_DEFAULT);
+    const hid_t space = H5Dget_space(d);
+    const hsize_t start[2] = {0, 0}, count[2] = {1, 1};
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr);
+    const hid_t mem = H5Screate_simple(2, count, nullptr);
+    const float v = 12345.0f;
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, &v), 0);
+    H5Sclose(mem);
+    H5Sclose(space);
+    H5Dclose(d);
+    H5Fclose(f);
+    const timespec times[2] = {st.st_atim, st.st_mtim};
+    ASSERT_EQ(::utimensat(AT_FDCWD, source().c_str(), times, 0), 0);
+    struct stat after {};
+    ASSERT_EQ(::stat(source().c_str(), &after), 0);
+    ASSERT_EQ(after.st_size, st.st_size) << "the in-place write changed the size";
+  }
+  world_.barrier();
+  Loader staged(world_, o);
+  ASSERT_EQ(staged.residency(), Residency::dataset);
+  EXPECT_EQ(staged.stage_report().reused_nodes, staged.stage_report().nodes);
+  EXPECT_EQ(staged.resident().x[0], test::feature_at(0, 0));
+  EXPECT_EQ(staged.resident().x[1], test::feature_at(0, 1));
+  Loader direct(world_, opts(Shuffle::global, kLarge, false));
+  EXPECT_EQ(direct.resident().x[0], 12345.0f);
 }
