@@ -23,9 +23,9 @@ with h5py.File(path, "w") as f:
     f.attrs["committed_rows"] = np.int64(n)
 PY
 fi
-for shuffle in local global; do
+for shuffle in ${SHUFFLES:-local global}; do
   mpiexec --oversubscribe --bind-to none -n 2 "$build/bench/train/locus_stage_bench" \
     "$work/data-$rows-$cols.h5" /dev/shm/locus-stage-bench --shuffle "$shuffle" \
-    --budget-mb 8 --batch 256 --epochs 3 --repeats 3 --evict 1
+    --budget-mb 8 --batch 256 --epochs 3 --repeats "${REPEATS:-3}" --evict 1
 done
 rmdir /dev/shm/locus-stage-bench 2>/dev/null || true
