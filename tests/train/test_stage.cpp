@@ -356,3 +356,13 @@ TEST_F(StageTest, BatchesComeFromTheStagedCopy) {
   Loader direct(world_, opts(Shuffle::global, kLarge, false));
   EXPECT_EQ(direct.resident().x[0], 12345.0f);
 }
+
+TEST_F(StageTest, TooSmallStageDirFailsOnEveryRankAndStagesNothing) {
+  ScopedEnv env("LOCUS_TEST_RANKS_PER_NODE", world_.size() == 4 ? "2" : nullptr);
+  ScopedEnv small("LOCUS_TEST_STAGE_FREE_BYTES", "4096");
+  const LoaderOptions o = opts(Shuffle::global, kLarge, true);
+  const std::string msg = test::error_of<IoError>([&] { Loader l(world_, o); });
+  EXPECT_NE(msg.find("data.stage_dir '" + stage_dir() + "' on node 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("free space there"), std::string::npos) << msg;
+  EXPECT_FALSE(any_file_left());
+}

@@ -20,7 +20,8 @@
 // (same source identity, the same rows) and the CRC-32 of its bytes, recomputed by the node's
 // ranks, matches the manifest; otherwise it is rebuilt. A copy is built under a temporary name
 // (<file>.tmp.<pid>), synced, and renamed only when complete: a crash mid-stage leaves a
-// temporary file that no run trusts (the next build of that node removes it).
+// temporary file that no run trusts (the next build of that node removes it). Free space is
+// checked first (statvfs; the test-only LOCUS_TEST_STAGE_FREE_BYTES=B pretends B bytes free).
 #pragma once
 
 #include <cstdint>
