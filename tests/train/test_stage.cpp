@@ -366,3 +366,22 @@ TEST_F(StageTest, TooSmallStageDirFailsOnEveryRankAndStagesNothing) {
   EXPECT_NE(msg.find("free space there"), std::string::npos) << msg;
   EXPECT_FALSE(any_file_left());
 }
+
+// A source with its own dataset names: the copy names them /features and /labels, and the
+// loader finds them there.
+TEST_F(StageTest, SourceDatasetNamesOtherThanTheDefaults) {
+  const std::string other = dir_.file("named.h5");
+  test::write_file(world_, other, {.rows = kRows, .cols = kCols, .label_rows = kRows,
+                                   .features = "/data/x", .labels = "/data/y"});
+  for (const Shuffle s : {Shuffle::local, Shuffle::global}) {
+    LoaderOptions o = opts(s, kLarge, false);
+    o.path = other;
+    o.features = "/data/x";
+    o.labels = "/data/y";
+    const auto direct = run(o);
+    o.stage_dir = stage_dir();
+    const auto staged = run(o);
+    expect_same(direct, staged);
+    EXPECT_TRUE(train::remove_staged_copy(world_, o));
+  }
+}

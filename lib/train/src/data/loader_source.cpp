@@ -158,7 +158,13 @@ Source::Source(const mpi::Comm& comm, const LoaderOptions& opts, const StagedCop
     file_ = h5::Id(f);
   });
   try {
-    mpi::agree_on(comm_, [&] { inspect(opts); });
+    // A staged copy names its datasets /features and /labels.
+    LoaderOptions names = opts;
+    if (staged_ != nullptr) {
+      names.features = "/features";
+      names.labels = staged_->has_labels ? "/labels" : "";
+    }
+    mpi::agree_on(comm_, [&] { inspect(names); });
   } catch (const Error& e) {
     // Agreed: every rank is here, so the collective close is safe.
     labels_.reset();

@@ -499,6 +499,7 @@ std::unique_ptr<StagedCopy> stage_dataset(const mpi::Comm& comm, const LoaderOpt
     copy->ranges = plan.ranges;
     copy->source_rows = plan.rows;
     copy->staged_rows = plan.staged_rows;
+    copy->has_labels = plan.labels;
     const h5::RowRange share = h5::partition_rows(plan.staged_rows, node.rank(), node.size());
 
     // 1. Reuse: the leader reads the manifest, the node's ranks checksum their shares.

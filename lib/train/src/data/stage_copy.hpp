@@ -23,6 +23,8 @@ struct StagedCopy {
   std::vector<h5::RowRange> ranges;   // source rows held, ascending, stored in this order
   std::uint64_t source_rows = 0;      // N of the source
   std::uint64_t staged_rows = 0;      // M: the rows in ranges
+  bool has_labels = false;            // the copy has /labels (it always names its datasets
+                                      // /features and /labels, whatever the source's names)
   StageReport report;
 
   // The copy's row of source row `row`, for a run of `count` rows that must lie inside one of
