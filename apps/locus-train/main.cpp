@@ -19,6 +19,7 @@
 #include "locus/train/checkpoint/checkpoint.hpp"
 #include "locus/train/model/model_file.hpp"
 #include "locus/train/checkpoint/preempt.hpp"
+#include "locus/train/data/stage.hpp"
 #include "locus/train/telemetry/telemetry.hpp"
 #include "locus/train/trainer.hpp"
 #include "locus/config.hpp"
@@ -187,6 +188,9 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     }
   }
   if (!telemetry.gpu_note().empty() && world.is_root()) say("  note: " + telemetry.gpu_note());
+  if (world.is_root() && !trainer->stage_description().empty()) {
+    say("  " + trainer->stage_description());
+  }
   if (resumed.resumed && world.is_root()) {
     const train::CheckpointMeta& m = resumed.meta;
     say(fmt::format("resumed from {}: step {} of {} (epoch {}, {} samples into it)",
@@ -221,6 +225,13 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
                       exit_code::requeue));
     }
     return exit_code::requeue;
+  }
+
+  // The run is complete: the staged copy (data.stage_dir) goes, unless data.stage_keep. A
+  // preempted run (above) and one stopped by an anomaly keep it for the rerun.
+  if (grid.stage() == 0 && train::remove_staged_copy(grid.dp(), opts.data) && world.is_root()) {
+    say(fmt::format("  removed the staged copy of the training data from {}",
+                    opts.data.stage_dir));
   }
 
   if (!settings.output.empty()) {

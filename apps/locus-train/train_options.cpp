@@ -31,6 +31,11 @@ void TrainSettings::register_options(Config& c) {
         "docs/FORMATS.md)");
   c.add("data.test", test_path, "evaluation dataset, scored after every eval.every epochs "
                                 "(empty: no evaluation)");
+  c.add("data.stage_dir", stage_dir,
+        "node-local directory (SSD, /dev/shm) each node copies its ranks' training rows into "
+        "before the first step, reused by a requeued run when its checksum matches, removed at "
+        "the end (empty: read data.train directly)");
+  c.add("data.stage_keep", stage_keep, "keep the staged copy after a successful run");
   c.add("model.widths", widths, "layer widths: input features, hidden..., classes",
         check_widths);
   c.add_choice("model.activation", activation, {"relu", "gelu", "tanh"},
@@ -288,6 +293,8 @@ train::TrainOptions TrainSettings::to_options() const {
   o.data.memory_budget = static_cast<std::uint64_t>(memory_budget_mb) << 20;
   o.data.drop_last = drop_last;
   o.data.background = background;
+  o.data.stage_dir = stage_dir;
+  o.data.stage_keep = stage_keep;
   o.eval_path = test_path;
   o.eval_batch = eval_batch;
   o.eval_every = eval_every;

@@ -15,6 +15,8 @@ namespace locus::app {
 struct TrainSettings {
   // [data]
   std::string train_path = "out/fashion-mnist-train.h5";
+  std::string stage_dir;
+  bool stage_keep = false;
   std::string test_path = "out/fashion-mnist-test.h5";
   // [model]
   std::string widths = "784,256,128,10", activation = "relu", init = "he";

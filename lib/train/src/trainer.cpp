@@ -8,6 +8,7 @@
 #include "locus/comm/watchdog.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/file.hpp"
+#include "locus/train/data/stage.hpp"
 #include "locus/train/model/blas.hpp"
 #include "trainer_impl.hpp"
 
@@ -40,6 +41,7 @@ LoaderOptions eval_loader_options(const TrainOptions& o) {
   e.shuffle = Shuffle::none;
   e.drop_last = false;
   e.prefetch_depth = std::min(o.data.prefetch_depth, 2);
+  e.stage_dir.clear();  // data.stage_dir stages the training set only
   return e;
 }
 
@@ -338,6 +340,11 @@ const TrainState& Trainer::synced_state() {
 }
 const TrainOptions& Trainer::options() const noexcept { return impl_->opts; }
 std::string Trainer::compute_description() const { return impl_->compute->describe(); }
+
+std::string Trainer::stage_description() const {
+  const Impl& m = *impl_;
+  return m.loader ? m.loader->stage_report().describe() : std::string();
+}
 
 std::string Trainer::reducer_description() const {
   const Impl& m = *impl_;

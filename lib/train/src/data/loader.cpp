@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "data/loader_feed.hpp"
+#include "data/stage_copy.hpp"
 #include "locus/comm/agree.hpp"
 
 namespace locus::train {
@@ -95,6 +96,9 @@ struct Loader::Impl {
 
   LoaderOptions opts;
   mpi::Comm comm;  // a dup of the caller's communicator: only the producer uses it
+  // The node's staged copy (stage_dir set), made by the constructor; declared before the
+  // feeder, whose Source reads it over staged->topo.node().
+  std::unique_ptr<detail::StagedCopy> staged;
   bool threaded = false;
   // Made by the producer thread (threaded) or the constructor; its HDF5 calls happen on that
   // thread only, but next() may gather() from it concurrently (in memory).
@@ -152,7 +156,7 @@ void Loader::Impl::run() {
   pthread_setname_np(pthread_self(), "locus-loader");  // for top -H, perf and the bench
   detail::Feeder* f = nullptr;
   try {
-    auto made = std::make_unique<detail::Feeder>(comm, opts);
+    auto made = std::make_unique<detail::Feeder>(comm, opts, staged.get());
     std::lock_guard<std::mutex> lk(m);
     feeder = std::move(made);
     f = feeder.get();
@@ -247,10 +251,12 @@ Loader::Loader(const mpi::Comm& comm, LoaderOptions opts) {
   mpi::agree_on(comm, [&] { check_options(opts); });
   impl_ = std::make_unique<Impl>(comm.dup(), std::move(opts));
   Impl& s = *impl_;
+  // Staging comes first, on this thread: the copy is complete before the first read.
+  if (!s.opts.stage_dir.empty()) s.staged = detail::stage_dataset(s.comm, s.opts);
   s.threaded = s.opts.background && thread_multiple();
   HostMemory* memory = s.opts.host_memory.get();
   if (!s.threaded) {
-    s.feeder = std::make_unique<detail::Feeder>(s.comm, s.opts);
+    s.feeder = std::make_unique<detail::Feeder>(s.comm, s.opts, s.staged.get());
     s.adopt(*s.feeder);
     s.storage.push_back(std::make_unique<Impl::Buffer>(memory));
     s.feeder->reserve(*s.storage.back());
@@ -317,6 +323,10 @@ bool Loader::threaded() const { return impl_->threaded; }
 ResidentData Loader::resident() const { return impl_->resident; }
 std::int64_t Loader::consumer_batches() const { return impl_->consumer_batches; }
 double Loader::wait_seconds() const { return impl_->wait_total; }
+const StageReport& Loader::stage_report() const {
+  static const StageReport none;
+  return impl_->staged ? impl_->staged->report : none;
+}
 double Loader::last_wait_seconds() const { return impl_->wait_last; }
 
 void Loader::start_epoch(std::int64_t epoch, std::int64_t first_step) {

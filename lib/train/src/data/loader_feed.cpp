@@ -12,8 +12,8 @@
 
 namespace locus::train::detail {
 
-Feeder::Feeder(const mpi::Comm& comm, const LoaderOptions& opts)
-    : comm_(comm), opts_(opts), source_(comm, opts),
+Feeder::Feeder(const mpi::Comm& comm, const LoaderOptions& opts, const StagedCopy* staged)
+    : comm_(comm), opts_(opts), source_(comm, opts, staged),
       geo_(source_.rows(), static_cast<std::uint64_t>(std::max<std::int64_t>(opts.global_batch, 1)),
            opts.drop_last, opts.shuffle, comm.rank(), comm.size()) {
   try {

@@ -82,7 +82,8 @@ class Feeder {
  public:
   // Collective over comm: opens the file, checks the options against it (agreed errors) and
   // reads what stays in memory.
-  Feeder(const mpi::Comm& comm, const LoaderOptions& opts);
+  // With `staged`, rows are read from the node's staged copy (stage_copy.hpp).
+  Feeder(const mpi::Comm& comm, const LoaderOptions& opts, const StagedCopy* staged = nullptr);
 
   const Geometry& geometry() const { return geo_; }
   std::uint64_t cols() const { return source_.cols(); }

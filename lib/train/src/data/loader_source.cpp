@@ -1,6 +1,7 @@
 // The loader's HDF5 reads: opening and validating the dataset, the collective range read of
 // the initial load, and independent hyperslab-union reads of scattered rows afterwards.
 #include "data/loader_source.hpp"
+#include "data/stage_copy.hpp"
 
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -129,8 +131,10 @@ void read_selection(hid_t dset, hid_t memtype, std::uint64_t width,
 
 }  // namespace
 
-Source::Source(const mpi::Comm& comm, const LoaderOptions& opts)
-    : comm_(comm), path_(opts.path) {
+Source::Source(const mpi::Comm& comm, const LoaderOptions& opts, const StagedCopy* staged)
+    : staged_(staged),
+      comm_(staged != nullptr ? staged->topo.node() : comm),
+      path_(staged != nullptr ? staged->path : opts.path) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   h5::init();
   mpi::agree_on(comm_, [&] {
@@ -154,7 +158,13 @@ Source::Source(const mpi::Comm& comm, const LoaderOptions& opts)
     file_ = h5::Id(f);
   });
   try {
-    mpi::agree_on(comm_, [&] { inspect(opts); });
+    // A staged copy names its datasets /features and /labels.
+    LoaderOptions names = opts;
+    if (staged_ != nullptr) {
+      names.features = "/features";
+      names.labels = staged_->has_labels ? "/labels" : "";
+    }
+    mpi::agree_on(comm_, [&] { inspect(names); });
   } catch (const Error& e) {
     // Agreed: every rank is here, so the collective close is safe.
     labels_.reset();
@@ -194,11 +204,19 @@ void Source::inspect(const LoaderOptions& opts) {
     }
     rows_ = static_cast<std::uint64_t>(c);
   }
-  if (rows_ == 0) {
+  if (rows_ == 0 && staged_ == nullptr) {
     throw DataError(fmt::format("'{}' has no rows to train on ('{}' is empty{})", path_,
                                 opts.features, committed ? " below committed_rows" : ""));
   }
+  if (staged_ != nullptr && rows_ != staged_->staged_rows) {
+    throw DataError(fmt::format("the staged copy '{}' has {} rows where its manifest says {}; "
+                                "it is damaged: delete it (the next run stages it again)",
+                                path_, rows_, staged_->staged_rows));
+  }
   h5::check_stored(features_.get(), rows_, path_, opts.features);
+  // From here on rows_ counts source rows; reads are mapped to the file by local().
+  const std::uint64_t file_rows = rows_;
+  if (staged_ != nullptr) rows_ = staged_->source_rows;
   if (opts.labels.empty() || !dataset_path_exists(file_.get(), opts.labels)) return;
   labels_ = open_dataset(file_.get(), path_, opts.labels, "labels");
   const Shape l = shape_of(labels_.get());
@@ -208,19 +226,26 @@ void Source::inspect(const LoaderOptions& opts) {
                                 opts.labels, path_, l.describe()));
   }
   // A locus dataset may hold uncommitted rows past committed_rows in both datasets.
-  if (committed ? l.dims[0] < rows_ : l.dims[0] != extent) {
+  if (committed ? l.dims[0] < file_rows : l.dims[0] != extent) {
     throw DataError(fmt::format("'{}': labels '{}' have {} rows but features '{}' have {}{}; "
                                 "both must describe the same samples (or set labels = \"\" to "
                                 "load without labels)", path_, opts.labels, l.dims[0],
-                                opts.features, committed ? rows_ : extent,
+                                opts.features, committed ? file_rows : extent,
                                 committed ? " committed rows" : ""));
   }
-  h5::check_stored(labels_.get(), rows_, path_, opts.labels);
+  h5::check_stored(labels_.get(), file_rows, path_, opts.labels);
 }
 
 Source::~Source() { abandon(); }
 
-void Source::read_range(h5::RowRange range, float* x, std::int32_t* y) {
+h5::RowRange Source::local(h5::RowRange r) const {
+  if (staged_ == nullptr) return r;
+  if (r.count == 0) return {0, 0};
+  return {staged_->to_staged(r.begin, r.count), r.count};
+}
+
+void Source::read_range(h5::RowRange source_range, float* x, std::int32_t* y) {
+  const h5::RowRange range = local(source_range);
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   const std::uint64_t piece_rows = std::max<std::uint64_t>(1, kMaxPieceBytes / (cols_ * 4));
   const std::uint64_t mine = (range.count + piece_rows - 1) / piece_rows;
@@ -240,7 +265,14 @@ void Source::read_range(h5::RowRange range, float* x, std::int32_t* y) {
   }
 }
 
-void Source::read_runs(std::span<const h5::RowRange> runs, float* x, std::int32_t* y) {
+void Source::read_runs(std::span<const h5::RowRange> source_runs, float* x, std::int32_t* y) {
+  std::vector<h5::RowRange> mapped;
+  if (staged_ != nullptr) {
+    mapped.reserve(source_runs.size());
+    for (const h5::RowRange& r : source_runs) mapped.push_back(local(r));
+  }
+  const std::span<const h5::RowRange> runs = staged_ != nullptr
+      ? std::span<const h5::RowRange>(mapped) : source_runs;
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   const std::uint64_t piece_rows = std::max<std::uint64_t>(1, kMaxPieceBytes / (cols_ * 4));
   h5::Id dxpl = transfer_plist(H5FD_MPIO_INDEPENDENT);

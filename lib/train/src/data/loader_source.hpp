@@ -15,12 +15,16 @@
 
 namespace locus::train::detail {
 
+struct StagedCopy;  // stage_copy.hpp
+
 class Source {
  public:
   // Collective over comm. Missing/unreadable file, missing or malformed datasets and a labels
   // length mismatch are DataErrors naming them, agreed on every rank (the file is closed on
   // every rank before the error leaves).
-  Source(const mpi::Comm& comm, const LoaderOptions& opts);
+  // With `staged`, the node's staged copy is read instead, over staged->topo.node(): rows()
+  // is still the source's row count and reads take source row numbers.
+  Source(const mpi::Comm& comm, const LoaderOptions& opts, const StagedCopy* staged = nullptr);
   // Leaves a still-open file open (closing is collective; call close() or abandon()).
   ~Source();
   Source(const Source&) = delete;
@@ -46,7 +50,10 @@ class Source {
 
  private:
   void inspect(const LoaderOptions& opts);
+  // Source rows to rows of the opened file (the same without a staged copy).
+  h5::RowRange local(h5::RowRange r) const;
 
+  const StagedCopy* staged_;
   const mpi::Comm& comm_;
   std::string path_;
   h5::Id file_, features_, labels_;

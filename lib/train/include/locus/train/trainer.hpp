@@ -164,6 +164,11 @@ class Trainer {
   // Which gradient reduction runs and why (train.reduction; comm::GradientReducer::reduction),
   // e.g. "flat (train.reduction = auto: 2 ranks on 1 node (2; shared memory), one node)".
   std::string reduction_description() const;
+
+  // Local: what node-local staging of the training set did (data.stage_dir; stage.hpp), one
+  // line, the same on every rank that feeds data; "" without staging or on a rank that does not
+  // feed (a pipeline stage after the first).
+  std::string stage_description() const;
   const Grid& grid() const noexcept;
   std::int64_t steps_per_epoch() const noexcept;
   // min(epochs * steps_per_epoch, max_steps when > 0)

@@ -127,6 +127,11 @@ struct LoaderOptions {
   // device gathers them from its copy of resident(). Only with the samples in memory
   // (Residency partition/dataset), else a ConfigError naming loader.device_cache_mb.
   bool gather_features = true;
+  // Node-local staging (stage.hpp): a directory on every node (node-local SSD, /dev/shm) into
+  // which each node copies the rows its ranks read before the first step; batches are then read
+  // from that copy. "" reads the source directly.
+  std::string stage_dir;
+  bool stage_keep = false;  // remove_staged_copy() leaves the copy in place
 };
 
 // Where the samples live, decided once from memory_budget, alike on every rank.
@@ -165,6 +170,8 @@ struct LoadedBatch {
 // threads while a Loader exists. Never hold it while waiting for another rank.
 std::mutex& hdf5_mutex();
 
+struct StageReport;  // stage.hpp
+
 class Loader {
  public:
   // Collective over comm (the data-parallel communicator): opens the file, validates the
@@ -201,6 +208,8 @@ class Loader {
   double last_wait_seconds() const;    // wait of the latest next()
   // Batches next() gathered itself because the ring was empty (threaded, in memory).
   std::int64_t consumer_batches() const;
+  // What staging did (stage_dir set), the same on every rank; staged = false without it.
+  const StageReport& stage_report() const;  // stage.hpp
 
  private:
   friend struct LoaderTestAccess;
