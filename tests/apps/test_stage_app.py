@@ -1,6 +1,6 @@
 """Node-local staging end to end (locus-train with data.stage_dir, configs/tiny.ini): training
 from the staged copy writes bitwise the model of training from the source (local and global
-shuffle; at 4 ranks also as two emulated nodes, LOCUS_TEST_RANKS_PER_NODE=2; and at 1 rank);
+shuffle; also as two emulated nodes, LOCUS_TEST_RANKS_PER_NODE = half the ranks; and at 1 rank);
 the copy is removed at the end unless data.stage_keep; a preempted run (SIGTERM, exit 75) keeps it, and its --resume=auto reuses it
 (the log says so) and ends bitwise where an uninterrupted run ends; a missing stage_dir is
 exit 2 on every rank with nothing written."""
@@ -15,6 +15,11 @@ EXIT_CONFIG, EXIT_REQUEUE = 2, 75
 SHORT = ["--checkpoint.dir=", "--train.max_steps=20", "--data.test="]
 
 
+def two_nodes(r):
+    """The environment that makes the suite's ranks two emulated nodes (None at 1 rank)."""
+    return {"LOCUS_TEST_RANKS_PER_NODE": str(r.ranks // 2)} if r.ranks >= 2 else None
+
+
 def staged_files(d):
     return sorted(f for f in os.listdir(d) if f.startswith("locus-stage-")) if os.path.isdir(d) else []
 
@@ -23,8 +28,8 @@ def test_staged_training_is_bitwise(r, tmp):
     prepare(r, tmp)
     os.mkdir(os.path.join(tmp, "stage"))
     layouts = [("one node", None)]
-    if r.ranks == 4:
-        layouts.append(("two nodes", {"LOCUS_TEST_RANKS_PER_NODE": "2"}))
+    if two_nodes(r):
+        layouts.append(("two nodes", two_nodes(r)))
     for shuffle in ("local", "global"):
         args = [f"--loader.shuffle={shuffle}", *SHORT]
         p = train(r, tmp, *args, f"--train.output=src-{shuffle}.h5")
@@ -58,7 +63,7 @@ def test_preempted_run_keeps_the_copy_and_the_resume_reuses_it(r, tmp):
     uninterrupted(r, tmp)
     stage = os.path.join(tmp, "stage")
     os.mkdir(stage)
-    env_nodes = {"LOCUS_TEST_RANKS_PER_NODE": "2"} if r.ranks == 4 else None
+    env_nodes = two_nodes(r)
     p = sigterm_mid_run(r, tmp, "--checkpoint.dir=ck", "--train.metrics=p.jsonl",
                         "--data.stage_dir=stage")
     expect_exit(p, EXIT_REQUEUE, "staged it afresh")
