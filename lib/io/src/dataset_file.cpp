@@ -122,8 +122,15 @@ void check_appendable(h5::File& file) {
   h5::Id dcpl(LOCUS_H5_CHECK(H5Dget_create_plist(features.id())));
   H5D_alloc_time_t when{};
   LOCUS_H5_CHECK(H5Pget_alloc_time(dcpl.get(), &when));
-  // Filtered chunks are allocated by the collective write (see Dataset::create).
-  if (when != H5D_ALLOC_TIME_EARLY && compression_of(features.id()).deflate_level == 0) {
+  H5D_fill_time_t fill{};
+  LOCUS_H5_CHECK(H5Pget_fill_time(dcpl.get(), &fill));
+  // Compressed chunks as locus-ingest writes them (allocated by the collective write, never
+  // filled; see Dataset::create) can be appended to. A filtered dataset written otherwise
+  // (h5py's gzip: fill values written when a chunk is allocated) hung the collective append
+  // with HDF5 1.10.8, so it is refused like any lazily allocated one.
+  const bool locus_filtered =
+      compression_of(features.id()).deflate_level > 0 && fill == H5D_FILL_TIME_NEVER;
+  if (when != H5D_ALLOC_TIME_EARLY && !locus_filtered) {
     throw DataError(fmt::format("cannot append to '{}': its /features dataset allocates chunks "
                                 "lazily (as h5py does by default), which parallel HDF5 cannot "
                                 "extend; re-ingest the data with locus-ingest and append to "

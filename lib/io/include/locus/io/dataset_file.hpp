@@ -77,8 +77,8 @@ DatasetMeta read_meta(h5::File& file);
 
 // Throws DataError naming the file unless append_dataset can grow it: parallel HDF5 only
 // writes new chunks of unfiltered datasets allocated early (as write_dataset creates them);
-// filtered (compressed) chunks it allocates in the collective write itself. An append keeps
-// the dataset's compression: its new chunks go through the dataset's own filters.
+// compressed chunks as write_dataset creates them (shuffle + deflate, never filled) it
+// allocates in the collective write itself. An append keeps the dataset's compression.
 void check_appendable(h5::File& file);
 
 // Collective: reads rows [range) of /features (and /labels) into a Table.
