@@ -13,7 +13,8 @@
 # (ingest.chunk_rows = 334, the uncompressed default) to show what the 256 KiB default buys.
 # Medians over repetitions; min..max beside them.
 #   bench/io/run_compression_bench.sh [build-dir]
-#   (env: DIR=/tmp/locus-compress-bench REPS=5 TRAIN_REPS=3 RANKS=2 STEPS=300 OOC_STEPS=60)
+#   (env: DIR=/tmp/locus-compress-bench REPS=5 TRAIN_REPS=3 RANKS=2 STEPS=300 OOC_STEPS=60;
+#    PARTS="ingest read train" picks the parts; read and train reuse the files in DIR)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,8 +46,10 @@ stats() {  # median and min..max of numbers on stdin
 }
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $ranks ranks; $(date -u)"
 
+parts=${PARTS:-ingest read train}
 declare -A write_mbs
-for ((r = 1; r <= reps; r++)); do
+[[ $parts == *ingest* ]] || reps_ingest=0
+for ((r = 1; r <= ${reps_ingest:-$reps}; r++)); do
   for n in "${names[@]}"; do
     # shellcheck disable=SC2086
     out=$("${mpirun[@]}" "$build/apps/locus-ingest" --ingest.images=$fm/train-images-idx3-ubyte.gz \
@@ -56,6 +59,7 @@ for ((r = 1; r <= reps; r++)); do
     write_mbs[$n]+="$(awk -v s="$s" 'BEGIN {printf "%.1f", 60000 * 785 * 4 / 1e6 / s}') "
   done
 done
+if [[ $parts == *ingest* ]]; then
 echo
 echo "== size and ingest write phase (MB/s of values; $reps reps) =="
 printf '%-15s %10s %8s %26s\n' variant "file MB" ratio "write MB/s median (min..max)"
@@ -66,12 +70,16 @@ for n in "${names[@]}"; do
          "$(awk -v a="$base" -v b="$size" 'BEGIN {print a / b}')" \
          "$(tr ' ' '\n' <<< "${write_mbs[$n]}" | grep . | stats)"
 done
+fi
 
+if [[ $parts == *read* ]]; then
 echo
 echo "== collective read of the whole dataset ($reps reps) =="
 files=()
 for n in "${names[@]}"; do files+=("$dir/$n.h5"); done
 "${mpirun[@]}" "$build/bench/io/locus_dataset_read" --reps "$reps" "${files[@]}"
+fi
+[[ $parts == *train* ]] || exit 0
 
 train() {  # variant, tag, extra args; prints "samples/s wall_s"
   local n=$1 tag=$2
@@ -79,7 +87,7 @@ train() {  # variant, tag, extra args; prints "samples/s wall_s"
   local t0 t1
   t0=$(date +%s.%N)
   "${mpirun[@]}" "$build/apps/locus-train" --data.train="$dir/$n.h5" --data.test="$dir/none.h5" \
-    --eval.every=0 --train.epochs=1 --train.log_every=20 --optim.warmup_steps=10 \
+    --eval.every=0 --train.epochs=1 --train.log_every=5 --optim.warmup_steps=10 \
     --train.output="$dir/model-$n-$tag.h5" --train.metrics="$dir/metrics-$n-$tag.jsonl" \
     "$@" > /dev/null
   t1=$(date +%s.%N)
