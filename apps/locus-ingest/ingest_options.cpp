@@ -22,6 +22,17 @@ void IngestSettings::register_options(Config& c) {
   c.add("ingest.num_classes", num_classes, "number of classes; labels must lie in [0, n) (0: unchecked)",
         at_least(0));
   c.add("ingest.chunk_rows", chunk_rows, "HDF5 chunk rows (0: about 1 MiB per chunk)", at_least(0));
+  c.add("ingest.compression", compression,
+        "none, or deflate[:level] (1-9, default 4): the shuffle and deflate filters on "
+        "/features and /labels of a new dataset (an --append keeps the dataset's own)",
+        [](const std::string& v) {
+          try {
+            io::parse_compression(v);
+            return std::string();
+          } catch (const ConfigError&) {
+            return std::string(io::kCompressionAllowed);
+          }
+        });
   add_watchdog_option(c, "ingest.watchdog_s", watchdog_s);
   c.add("ingest.unit_bytes", unit_bytes,
         "input bytes per work unit handed out to the ranks (IDX: whole records of the "
@@ -90,6 +101,7 @@ io::IngestOptions IngestSettings::to_options(const Config& c) const {
   o.normalize = io::parse_normalization(normalize);
   o.num_classes = num_classes;
   o.chunk_rows = static_cast<std::uint64_t>(chunk_rows);
+  o.compression = io::parse_compression(compression);
   o.unit_bytes = static_cast<std::uint64_t>(unit_bytes);
   o.schedule = schedule == "static" ? comm::Schedule::static_blocks : comm::Schedule::dynamic;
   o.speculate = speculate;

@@ -46,9 +46,12 @@ void print_summary(const locus::io::IngestOptions& opts, const locus::io::Ingest
   }
   const double mb = static_cast<double>(r.input_bytes) / 1e6;
   const double secs = r.seconds_parse + r.seconds_gates + r.seconds_write;
-  fmt::print("{} {} rows into {} ({} rows x {} features{}), {} ranks\n",
+  fmt::print("{} {} rows into {} ({} rows x {} features{}, compression {}), {} ranks\n",
              opts.append ? "appended" : "ingested", r.rows_added, opts.output, m.rows, m.cols,
-             m.has_labels ? fmt::format(", labels '{}'", m.label_name) : "", ranks);
+             m.has_labels ? fmt::format(", labels '{}'", m.label_name) : "",
+             r.compression.deflate_level < 0 ? "other filters"
+                                             : locus::io::to_string(r.compression),
+             ranks);
   fmt::print("  input {:.1f} MB in {:.2f} s ({:.1f} MB/s): parse {:.2f} s, gates {:.2f} s, "
              "write {:.2f} s\n", mb, secs, secs > 0 ? mb / secs : 0.0, r.seconds_parse,
              r.seconds_gates, r.seconds_write);

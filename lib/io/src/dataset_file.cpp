@@ -67,22 +67,34 @@ h5::RowRange all_rows_at(const Table& local, std::uint64_t first_row) {
 
 }  // namespace
 
+std::uint64_t default_chunk_rows(std::uint64_t cols, const Compression& compression) {
+  const std::uint64_t target = compression.enabled() ? (256u << 10) : (1u << 20);
+  return std::max<std::uint64_t>(1, target / (std::max<std::uint64_t>(cols, 1) * sizeof(float)));
+}
+
 void write_dataset(h5::File& file, const Table& local, std::uint64_t first_row,
-                   std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows) {
+                   std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows,
+                   const Compression& compression) {
   const h5::RowRange rows = all_rows_at(local, first_row);
   write_dataset(file, local, std::span<const h5::RowRange>(&rows, 1), total_rows, meta,
-                chunk_rows);
+                chunk_rows, compression);
 }
 
 void write_dataset(h5::File& file, const Table& local, std::span<const h5::RowRange> rows,
-                   std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows) {
+                   std::uint64_t total_rows, const DatasetMeta& meta, std::uint64_t chunk_rows,
+                   const Compression& compression) {
   const auto cols = static_cast<std::uint64_t>(meta.cols);
+  const std::uint64_t feature_chunk =
+      chunk_rows > 0 ? chunk_rows : default_chunk_rows(cols, compression);
   h5::Dataset::create(file, {.name = "/features", .dtype = h5::Dtype::f32, .rows = total_rows,
-                             .cols = cols, .chunk_rows = chunk_rows, .extendible = true});
+                             .cols = cols, .chunk_rows = feature_chunk, .extendible = true,
+                             .deflate_level = compression.deflate_level});
   if (meta.has_labels) {
-    // Label chunks hold as many rows as feature chunks so an append touches few chunks.
+    // Label chunks hold as many rows as feature chunks so an append touches few chunks
+    // (uncompressed and chunk_rows 0: about 1 MiB of labels, as before).
     h5::Dataset::create(file, {.name = "/labels", .dtype = h5::Dtype::i32, .rows = total_rows,
-                               .chunk_rows = chunk_rows, .extendible = true});
+                               .chunk_rows = compression.enabled() ? feature_chunk : chunk_rows,
+                               .extendible = true, .deflate_level = compression.deflate_level});
   }
   write_local_rows(file, local, rows, meta.has_labels);
   write_attributes(file, meta);
@@ -110,7 +122,15 @@ void check_appendable(h5::File& file) {
   h5::Id dcpl(LOCUS_H5_CHECK(H5Dget_create_plist(features.id())));
   H5D_alloc_time_t when{};
   LOCUS_H5_CHECK(H5Pget_alloc_time(dcpl.get(), &when));
-  if (when != H5D_ALLOC_TIME_EARLY) {
+  H5D_fill_time_t fill{};
+  LOCUS_H5_CHECK(H5Pget_fill_time(dcpl.get(), &fill));
+  // Compressed chunks as locus-ingest writes them (allocated by the collective write, never
+  // filled; see Dataset::create) can be appended to. A filtered dataset written otherwise
+  // (h5py's gzip: fill values written when a chunk is allocated) hung the collective append
+  // with HDF5 1.10.8, so it is refused like any lazily allocated one.
+  const bool locus_filtered =
+      compression_of(features.id()).deflate_level > 0 && fill == H5D_FILL_TIME_NEVER;
+  if (when != H5D_ALLOC_TIME_EARLY && !locus_filtered) {
     throw DataError(fmt::format("cannot append to '{}': its /features dataset allocates chunks "
                                 "lazily (as h5py does by default), which parallel HDF5 cannot "
                                 "extend; re-ingest the data with locus-ingest and append to "

@@ -52,6 +52,7 @@ void check_options(const mpi::Comm& comm, const IngestOptions& o, bool output_ex
                                     "both tables that matches a row to its join row",
                                     o.join.path));
     if (o.validate_only || o.append) return;
+    check_compression_available(o.compression);
     if (output_exists && !o.overwrite) {
       throw ConfigError(fmt::format("output '{}' already exists; pass --overwrite to replace "
                                     "it or --append to add rows to it", o.output));
@@ -267,8 +268,9 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
       append_dataset(file, table, rows, static_cast<std::uint64_t>(meta.rows), meta);
     } else {
       write_dataset(file, table, rows, static_cast<std::uint64_t>(meta.rows), meta,
-                    opts.chunk_rows);
+                    opts.chunk_rows, opts.compression);
     }
+    res.compression = compression_of(h5::Dataset::open(file, "/features").id());
     test_hook("ingest-before-close");
     mpi::agree_on(comm, [&] { file.close(); });
   }

@@ -39,6 +39,10 @@ struct DatasetSpec {
   std::uint64_t chunk_rows = 0;   // 0 → about 1 MiB per chunk
   bool extendible = false;        // unlimited maximum rows (for --append)
   bool fletcher32 = false;        // per-chunk checksum filter, verified on every read
+  // 0: no compression; 1-9: the shuffle filter then deflate at this zlib level. Chunks are
+  // then allocated as they are written (not early), and every write must be collective
+  // (write_rows and write_row_ranges are).
+  int deflate_level = 0;
 };
 
 // How HDF5 performed the last transfer (from H5Pget_mpio_actual_io_mode and

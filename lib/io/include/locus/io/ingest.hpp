@@ -33,7 +33,8 @@ struct IngestOptions {
   std::string report;              // gate report (JSON); "" → "<output>.gates.json"
   Normalization normalize = Normalization::none;
   std::int64_t num_classes = 0;    // recorded; with gates it bounds the labels
-  std::uint64_t chunk_rows = 0;    // 0 → about 1 MiB per chunk
+  std::uint64_t chunk_rows = 0;    // 0 → default_chunk_rows (about 1 MiB, 256 KiB compressed)
+  Compression compression;         // of a new dataset; an append keeps the dataset's own
   GateConfig gates;
   std::string reference;           // reference dataset for record-count and drift gates
   bool validate_only = false;      // run the gates, write only the report
@@ -75,6 +76,7 @@ struct IngestResult {
   double seconds_parse = 0, seconds_gates = 0, seconds_write = 0;
   bool published = false;
   IngestSchedule schedule;         // who parsed which units (also in the gate report)
+  Compression compression;         // of the published dataset's /features (read back)
   // --append only: the inputs are already the dataset's last recorded sources (same paths,
   // sizes and CRC-32s), i.e. this append was done before, typically by a run that was killed
   // or preempted after its publication and then rerun. Nothing was read or written.
