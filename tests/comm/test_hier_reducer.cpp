@@ -14,31 +14,15 @@
 #include <vector>
 
 #include "locus/comm/reducer.hpp"
+#include "scoped_env.hpp"
+
+using locus::test_support::ScopedEnv;
 
 using namespace locus;
 using comm::Reduction;
 using comm::ReducerOptions;
 
 namespace {
-
-// Sets (or, with nullptr, unsets) an environment variable for one scope on this rank.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value != nullptr) setenv(name, value, 1); else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1); else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 // Rank-dependent values over 2^-12..2^12 with both signs: the summation order shows in the
 // low bits.

@@ -6,29 +6,11 @@
 #include <numeric>
 
 #include "locus/comm/topology.hpp"
+#include "scoped_env.hpp"
+
+using locus::test_support::ScopedEnv;
 
 using namespace locus;
-
-namespace {
-
-// Sets an environment variable for one scope (every rank sets the same value).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value != nullptr) setenv(name, value, 1); else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1); else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
-}  // namespace
 
 TEST(Topology, OneHostIsOneNode) {
   ScopedEnv test("LOCUS_TEST_RANKS_PER_NODE", nullptr);

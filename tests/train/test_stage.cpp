@@ -17,6 +17,9 @@
 #include "locus/comm/topology.hpp"
 #include "locus/train/data/stage.hpp"
 #include "shared_tmpdir.hpp"
+#include "scoped_env.hpp"
+
+using locus::test_support::ScopedEnv;
 
 using namespace locus;
 using train::Loader;
@@ -31,23 +34,6 @@ constexpr std::uint64_t kRowBytes = kCols * 4 + 4;
 constexpr std::uint64_t kTiny = 6 * kRowBytes;  // streamed / per-batch reads
 constexpr std::uint64_t kLarge = 1 << 20;
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value != nullptr) setenv(name, value, 1); else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1); else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 class StageTest : public testing::Test {
  protected:
