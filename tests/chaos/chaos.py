@@ -67,6 +67,7 @@ VARIANTS = {
 RANKS = 2
 RERUNS = 4            # reruns after a fault before the job counts as lost
 RUN_TIMEOUT_S = int(os.environ.get("LOCUS_CHAOS_RUN_TIMEOUT", "180"))  # one app run (a hang beyond it is a violation)
+LAUNCHER_GRACE_S = 15  # mpirun still running this long after its last rank ended: killed, noted
 ORPHAN_WAIT_S = 20    # after SIGKILL of mpirun: how long its orphaned ranks may take to go
 
 # Attributes left out of the bitwise comparison of HDF5 outputs. None: datasets, model files
@@ -179,6 +180,7 @@ class Run:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self.ranks = []
         self.orphans_killed = 0
+        self.launcher_hangs = 0
         RUNNING.add(self)
 
     def find_ranks(self, wait_s=0.0):
@@ -196,15 +198,39 @@ class Run:
         return time.monotonic() - self.t0
 
     def wait(self, timeout=RUN_TIMEOUT_S):
-        """Waits for mpirun; returns (returncode, hung)."""
-        try:
-            rc = self.proc.wait(timeout=timeout)
-            hung = False
-        except subprocess.TimeoutExpired:
-            hung = True
-            self.dump_stacks()
-            self.kill_all()
-            rc = self.proc.wait()
+        """Waits for mpirun; returns (returncode, hung). A hang is a run still going after
+        `timeout` s with a rank alive. mpirun left alone LAUNCHER_GRACE_S after its last rank
+        ended (Open MPI 4.1's mpirun can deadlock in its own PMIx finalize after a rank dies of a
+        signal: docs/RELIABILITY.md) is killed and counted in self.launcher_hangs, not as a hang
+        of the app."""
+        deadline = time.monotonic() + timeout
+        ranks_gone_at = None
+        hung = False
+        while True:
+            try:
+                rc = self.proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if len(self.ranks) < RANKS:
+                self.find_ranks()
+            if self.ranks and not any(alive(r) and exe_of(r) == self.app_path for r in self.ranks):
+                ranks_gone_at = ranks_gone_at or now
+                if now - ranks_gone_at >= LAUNCHER_GRACE_S:
+                    self.dump_stacks()
+                    self.kill_all()
+                    rc = self.proc.wait()
+                    self.launcher_hangs += 1
+                    break
+            else:
+                ranks_gone_at = None
+            if now >= deadline:
+                hung = True
+                self.dump_stacks()
+                self.kill_all()
+                rc = self.proc.wait()
+                break
         self.wait_orphans(0.5)
         return rc, hung
 
@@ -367,8 +393,30 @@ def metric_lines(path):
         except json.JSONDecodeError:
             out.append({"<unparsable>": line})
             continue
-        out.append({k: v for k, v in obj.items() if k not in METRIC_TIMING})
+        stable = metric_stable(obj)
+        if stable is not None:
+            out.append(stable)
     return out, partial
+
+
+def metric_stable(obj):
+    """A metrics line without what depends on timing or on the run's identity
+    (docs/FORMATS.md, "Training metrics"), or None for a line that exists only because of
+    timing or of a resume: straggler events, and the `run` line a resumed run adds."""
+    kind = obj.get("type")
+    if kind == "run":
+        if obj.get("step", 0) > 0:
+            return None  # a resumed run's own `run` line (the reference has none)
+        out = {k: v for k, v in obj.items() if k not in ("time", "run_id")}
+        if isinstance(out.get("config"), str):
+            out["config"] = RESUME_LINE.sub("", out["config"])
+        return out
+    if kind in ("ranks", "telemetry"):
+        # Every member but the step is measured (time, per-rank seconds, RSS, CPU, faults).
+        return {"type": kind, "step": obj.get("step")}
+    if kind == "event" and obj.get("event") in ("straggler", "straggler_recovered"):
+        return None  # verdicts on timing: the load decides whether they appear
+    return {k: v for k, v in obj.items() if k not in METRIC_TIMING and k != "time"}
 
 
 def json_stable(obj, drop):
@@ -705,6 +753,9 @@ class Campaign:
             f.write(f"$ {' '.join(run.cmd)}\n{text}")
         if hung:
             problems.append(f"the faulted run did not end within {RUN_TIMEOUT_S} s (hang)")
+        if run.launcher_hangs:
+            notes.append(f"mpirun was still running {LAUNCHER_GRACE_S} s after its ranks ended "
+                         "(Open MPI's own PMIx finalize; stacks in chaos-hang-stacks.txt): killed")
         if kind == "stop" and landed and rc != 0:
             problems.append(f"the suspended run did not complete after SIGCONT: exit {rc}:\n{text[-1500:]}")
         attempts = [rc]
