@@ -21,8 +21,6 @@ namespace locus::io {
 
 namespace {
 
-constexpr std::size_t kNoColumn = static_cast<std::size_t>(-1);
-
 // The lines of the bytes, each without its '\n' and '\r'; the last may lack the '\n'.
 class Lines {
  public:
