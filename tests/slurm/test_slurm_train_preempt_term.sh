@@ -114,11 +114,6 @@ preempt_and_check() {
   slurm_log "$name: SIGTERM checkpoint at step $stop (step $((stop % 79)) of its epoch), resumed there"
 }
 
-# KillWait (SIGTERM to SIGKILL) 15 s here instead of the cluster's 5 (Slurm's default is 30): on
-# the loaded 2-core CI machine, mpirun's teardown after the trainer's checkpoint and exit 75 took
-# longer than 5 s, and the SIGKILL took the batch shell before it could report the exit.
-sed -i 's/^KillWait=.*/KillWait=15/' "$SLURM_CONF"
-
 # A. Slurm's default: no user signal at preemption, SIGTERM to every process of the job.
 sed -i 's/^SlurmctldParameters=.*/# &/' "$SLURM_CONF"
 scontrol reconfigure
