@@ -17,9 +17,12 @@
 #include "locus/io/compression.hpp"
 #include "locus/io/dataset_file.hpp"
 #include "locus/io/ingest.hpp"
+#include "dataset_read_back.hpp"
 #include "sources_test_util.hpp"
 
 using namespace locus;
+using test::ReadBack;
+using test::read_back;
 
 namespace {
 
@@ -64,19 +67,6 @@ io::IngestOptions idx_options(const std::string& dir, const std::string& out,
   o.chunk_rows = chunk_rows;
   o.compression = io::parse_compression(compression);
   return o;
-}
-
-struct ReadBack {
-  io::DatasetMeta meta;
-  io::Table rows;
-};
-
-ReadBack read_back(const mpi::Comm& comm, const std::string& path) {
-  h5::File f = h5::File::open(comm, path, h5::File::Mode::read);
-  ReadBack b;
-  b.meta = io::read_meta(f);
-  b.rows = io::read_rows(f, b.meta, {0, static_cast<std::uint64_t>(b.meta.rows)});
-  return b;
 }
 
 template <class T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {

@@ -19,9 +19,12 @@
 #include "locus/io/dataset_file.hpp"
 #include "locus/io/ingest.hpp"
 #include "locus/io/join.hpp"
+#include "dataset_read_back.hpp"
 #include "sources_test_util.hpp"
 
 using namespace locus;
+using test::ReadBack;
+using test::read_back;
 
 namespace {
 
@@ -90,19 +93,6 @@ io::IngestOptions joined(const std::string& csv, const std::string& dim, const s
   o.overwrite = true;
   o.unit_bytes = kUnitBytes;
   return o;
-}
-
-struct ReadBack {
-  io::DatasetMeta meta;
-  io::Table rows;
-};
-
-ReadBack read_back(const mpi::Comm& comm, const std::string& path) {
-  h5::File f = h5::File::open(comm, path, h5::File::Mode::read);
-  ReadBack b;
-  b.meta = io::read_meta(f);
-  b.rows = io::read_rows(f, b.meta, {0, static_cast<std::uint64_t>(b.meta.rows)});
-  return b;
 }
 
 std::string parse_error(const std::string& text, const io::JoinOptions& o, bool config = false) {
