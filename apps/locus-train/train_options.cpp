@@ -173,6 +173,10 @@ void TrainSettings::register_options(Config& c) {
   c.add("loader.memory_budget_mb", memory_budget_mb, "MiB of samples a rank may keep in memory",
         in_range(std::int64_t{1}, std::int64_t{1} << 30));
   c.add("loader.drop_last", drop_last, "drop each epoch's last partial batch");
+  c.add("loader.gather_threads", gather_threads,
+        "threads that copy the rows of a batch of at least 1 MiB held in memory (0: up to 4 "
+        "per rank on the cuda backend, as the node's cores allow; 1 on cpu)",
+        in_range(std::int64_t{0}, 64));
   c.add("loader.device_cache_mb", device_cache_mb,
         "cuda: MiB of GPU memory for this rank's training partition; when the partition fits "
         "it is copied to the GPU once and batches are gathered there (0: stream every batch "
@@ -290,6 +294,7 @@ train::TrainOptions TrainSettings::to_options() const {
   o.data.shuffle = train::parse_shuffle(shuffle);
   o.data.seed = static_cast<std::uint64_t>(loader_seed);
   o.data.prefetch_depth = static_cast<int>(prefetch);
+  o.data.gather_threads = static_cast<int>(gather_threads);
   o.data.memory_budget = static_cast<std::uint64_t>(memory_budget_mb) << 20;
   o.data.drop_last = drop_last;
   o.data.background = background;

@@ -51,7 +51,7 @@ struct TrainSettings {
   std::string prometheus;
   // [loader]
   std::string shuffle = "global";
-  std::int64_t loader_seed = 0, prefetch = 4, memory_budget_mb = 1024;
+  std::int64_t loader_seed = 0, prefetch = 4, memory_budget_mb = 1024, gather_threads = 0;
   bool drop_last = false, background = true;
   // [eval]
   std::int64_t eval_batch = 1000, eval_every = 1;

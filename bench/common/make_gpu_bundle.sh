@@ -91,10 +91,13 @@ rm -f "$manifest.abs"
 ntests=$(find "$out/tests" -type f ! -name manifest.tsv | wc -l)
 nscripts=$(grep -c $'\tscript:' "$manifest" || true)
 
-# bench/gpu programs, if any are built
+# bench/gpu programs, if any are built, and the CPU benches that take --backend cuda
 if [[ -d $build/bench/gpu ]]; then
   find "$build/bench/gpu" -maxdepth 1 -type f -perm -u+x -exec install -s {} "$out/bench/" \;
 fi
+for b in train/locus_monitor_bench; do
+  if [[ -x $build/bench/$b ]]; then install -s "$build/bench/$b" "$out/bench/"; fi
+done
 
 # Libraries: the closure of every packed binary, split into tier 1 (lib/) and the rest.
 bins=$(find "$out/apps" "$out/tests" "$out/bench" -type f -perm -u+x)

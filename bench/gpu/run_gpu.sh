@@ -165,6 +165,37 @@ else
 fi
 tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
 
+section "NCCL with 2 ranks on one GPU (a host id per rank: test device only)"
+# NCCL refuses two ranks of one communicator on one GPU; with its own NCCL_HOSTID and the socket
+# transport each rank looks like another node (hostid_rank.sh). First PyTorch's NCCL without and
+# with the trick, then, where it works, locus's NCCL reducer and trainer at 2 ranks through it.
+if [[ $skip == *" hostid "* ]]; then
+  say "skipped (SKIP)"
+elif ((gpu)); then
+  timeout -k 5 "${HOSTID_TIMEOUT:-80}" "$py" "$here/nccl_hostid_probe.py" --timeout 35 2>&1 |
+    tee -a "$log" | tee "$work/hostid.log"
+  if grep -q '^nccl_hostid hostid ok' "$work/hostid.log"; then
+    mkdir -p "$work/scratch"
+    for t in test_nccl_reducer test_cuda_trainer; do
+      [[ -x $bundle/tests/$t ]] || continue
+      tl=$work/tests/$t.hostid.log s=$SECONDS
+      (cd "$work/scratch" && run_mpi 2 "${HOSTID_TEST_TIMEOUT:-90}" "$here/hostid_rank.sh" \
+         "$bundle/tests/$t" --gtest_brief=1 --gtest_color=no) > "$tl" 2>&1 < /dev/null
+      rc=$?
+      p=$(grep -m1 -oP '\[  PASSED  \] \K[0-9]+' "$tl" || echo 0)
+      f=$(grep -m1 -oP '\[  FAILED  \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
+      k=$(grep -m1 -oP '\[  SKIPPED \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
+      st=ok; ((rc != 0)) && st="rc=$rc"; ((rc == 124 || rc == 137)) && st=timeout
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t.hostid" 2 "$st" "$p" "$f" "$k" "$((SECONDS - s))" >> "$tests_tsv"
+      { echo "--- $t.hostid (ranks 2, rc $rc)"; cat "$tl"; } >> "$log"
+      say "$t.hostid: $st, passed $p failed $f skipped $k"
+    done
+  fi
+else
+  say "no GPU: not run"
+fi
+tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
+
 section "NCCL reducer (locus_nccl_reducer_bench, 1 rank)"
 reducer_table=$work/nccl_reducer_bench.txt
 if [[ $skip == *" reducer "* ]]; then
@@ -190,6 +221,40 @@ else
   cp "$work/locus/gpu_train_bench.tsv" "$out/" 2> /dev/null
   tar -C "$work" -czf "$out/locus.tar.gz" --exclude='*.h5' locus 2> /dev/null
 fi
+
+section "locus-train, deep MLP 784-2048x7-10 bf16 AdamW (gpu_train_bench.sh)"
+if [[ $skip == *" deep "* ]]; then
+  say "skipped (SKIP)"
+elif ((gpu)); then
+  # The workload of torch_gpu_bench.py's deep-mlp (AdamW lr 3e-4, weight decay 0.01, no
+  # clipping), batch 4096, device cache and streamed.
+  ROWS=${DEEP_ROWS:-"cuda:bf16:4096:1024:true cuda:bf16:4096:0:true"} EPOCHS=${DEEP_EPOCHS:-6} \
+    EXTRA="--model.widths=784,2048,2048,2048,2048,2048,2048,2048,10 --optim.optimizer=adamw
+           --optim.lr=0.0003 --optim.weight_decay=0.01 --optim.clip_max_norm=0" \
+    BUDGET_S=${DEEP_BUDGET_S:-40} STEP_TIMEOUT=${STEP_TIMEOUT:-40} PYTHON=$py \
+    timeout -k 10 120 "$here/gpu_train_bench.sh" "$bundle" "$work/locus/deep" 2>&1 | tee -a "$log"
+  rm -f "$work/locus/deep/train.h5"
+else
+  say "no GPU: not run"
+fi
+
+section "the training monitors' cost on the GPU (locus_monitor_bench, 1 rank)"
+# anomaly = warn judges each step after its update is enqueued (gated on the device): the
+# detectors against none, alternating, on the device-cached Fashion-MNIST MLP at batch 128.
+if [[ $skip == *" monitors "* ]]; then
+  say "skipped (SKIP)"
+elif ((gpu)) && [[ -x $bundle/bench/locus_monitor_bench && -f $work/locus/train.h5 ]]; then
+  run_mpi 1 "${MONITOR_TIMEOUT:-60}" "$bundle/bench/locus_monitor_bench" --data "$work/locus/train.h5" \
+    --backend cuda --cache-mb 1024 --batch 128 --steps "${MONITOR_STEPS:-2000}" --rounds 3 \
+    --log-every 100 > "$work/locus/monitor_bench.txt" 2>&1 < /dev/null
+  say "rc $?"
+  tee -a "$log" < "$work/locus/monitor_bench.txt"
+else
+  say "not run (no GPU, no locus_monitor_bench in the bundle, or no dataset from the locus phase)"
+fi
+
+# locus.tar.gz (again, with the deep MLP's and the monitors' results)
+[[ -d $work/locus ]] && tar -C "$work" -czf "$out/locus.tar.gz" --exclude='*.h5' locus 2> /dev/null
 
 section "locus-infer on the GPU vs h5py + PyTorch (infer_gpu_bench.py)"
 infer_line=$work/infer_gpu_line.txt
@@ -246,6 +311,15 @@ section "summary"
 if [[ -s $infer_line ]]; then
   { echo; echo "locus-infer on the GPU, end to end (HDF5 read to durable output) vs h5py + PyTorch CUDA:"
     cat "$infer_line"; } >> "$out/summary.txt"
+fi
+if [[ -s $work/locus/deep/gpu_train_bench.tsv ]]; then
+  { echo; echo "locus-train, deep MLP 784-2048x7-10 bf16 AdamW batch 4096 (samples/s, data wait):"
+    awk -F'\t' 'NR > 1 {printf "  cache %s graphs %s: %s %s, data wait %s\n", $4, $5, $6, $7, $8}' \
+      "$work/locus/deep/gpu_train_bench.tsv"; } >> "$out/summary.txt"
+fi
+if [[ -s $work/locus/monitor_bench.txt ]]; then
+  { echo; echo "training monitors on the GPU (locus_monitor_bench, cached, batch 128):"
+    grep -E '^\||ranks,' "$work/locus/monitor_bench.txt"; } >> "$out/summary.txt"
 fi
 if [[ -s $reducer_table ]]; then
   { echo; echo "NCCL reducer at 1 rank (machinery overhead; staged = D2H+H2D round trip):"

@@ -8,6 +8,9 @@
 // interval (the gather, the judgement), against the measured step.
 //   mpirun -n 2 locus_monitor_bench --data out/fashion-mnist-train.h5 [--steps 400]
 //                                   [--rounds 5] [--batch 256] [--log-every 100]
+//                                   [--backend cpu|cuda] [--precision fp32] [--cache-mb 0]
+// On the cuda backend the anomaly detector waits for the device once per step (the step's loss
+// and gradient norm come back to be agreed): run (1) there to see what that wait costs.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include "../common/bench_cli.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/train/grid.hpp"
+#include "locus/train/model/precision.hpp"
 #include "locus/train/monitor/anomaly.hpp"
 #include "locus/train/monitor/straggler.hpp"
 #include "locus/train/optim/clip.hpp"
@@ -32,7 +36,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::string data;
-  std::int64_t steps = 400, rounds = 5, batch = 256, log_every = 100;
+  std::int64_t steps = 400, rounds = 5, batch = 256, log_every = 100, cache_mb = 0;
+  std::string backend = "cpu", precision = "fp32";
 };
 
 struct Variant {
@@ -57,6 +62,9 @@ double run(const Grid& grid, const Args& a, const Variant& v) {
   o.max_steps = a.steps;
   o.epochs = 100;
   o.log_every = a.log_every;
+  o.compute.backend = a.backend;
+  o.compute.precision = parse_precision(a.precision);
+  o.device_cache_bytes = static_cast<std::uint64_t>(a.cache_mb) << 20;
   o.anomaly.enabled = v.anomaly;
   o.straggler.pct = v.straggler ? 50 : 0;
   Trainer t(grid, o);
@@ -88,7 +96,12 @@ int main(int argc, char** argv) {
         "steps", po::value(&a.steps)->default_value(a.steps), "steps per run")(
         "rounds", po::value(&a.rounds)->default_value(a.rounds), "rounds of every variant")(
         "batch", po::value(&a.batch)->default_value(a.batch), "global batch")(
-        "log-every", po::value(&a.log_every)->default_value(a.log_every), "log interval");
+        "log-every", po::value(&a.log_every)->default_value(a.log_every), "log interval")(
+        "backend", po::value(&a.backend)->default_value(a.backend), "compute backend (cpu, cuda)")(
+        "precision", po::value(&a.precision)->default_value(a.precision),
+        "cuda: fp32, tf32 or bf16")(
+        "cache-mb", po::value(&a.cache_mb)->default_value(a.cache_mb),
+        "cuda: loader.device_cache_mb (0: batches streamed from pinned host memory)");
     po::variables_map vm;
     if (bench::parse_command_line(desc, argc, argv, "locus_monitor_bench", vm)) return 0;
     const Grid grid(world, 1);
@@ -106,9 +119,10 @@ int main(int argc, char** argv) {
     }
     const double off = median(times[0]);
     if (world.is_root()) {
-      fmt::print("{} ranks, global batch {}, {} steps x {} rounds, log_every {}; load {:.1f} -> "
-                 "{:.1f}\n", world.size(), a.batch, a.steps, a.rounds, a.log_every, load0,
-                 bench::loadavg());
+      fmt::print("{} ranks, {} {}{}, global batch {}, {} steps x {} rounds, log_every {}; load "
+                 "{:.1f} -> {:.1f}\n", world.size(), a.backend, a.precision,
+                 a.cache_mb > 0 ? fmt::format(", device cache {} MiB", a.cache_mb) : "",
+                 a.batch, a.steps, a.rounds, a.log_every, load0, bench::loadavg());
       fmt::print("| variant | ms per step (median) | per round | vs off |\n|---|---:|---|---:|\n");
       for (std::size_t i = 0; i < variants.size(); ++i) {
         std::string rounds;

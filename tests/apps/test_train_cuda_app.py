@@ -41,7 +41,7 @@ def last_eval(path):
 def why_no_gpu(r, tmp):
     """The trainer's own verdict: None when the cuda backend runs here, else its message."""
     prepare(r, tmp)
-    p = train(r, tmp, *CUDA, "--train.max_steps=1", "--train.output=probe.h5",
+    p = train(r, tmp, *CUDA, "--train.max_steps=1", "--optim.warmup_steps=0", "--train.output=probe.h5",
               "--train.metrics=probe.jsonl")
     if p.returncode == 0:
         return None

@@ -168,6 +168,42 @@ TEST_F(LoaderTest, PrefetchDepthAndThreadingDoNotChangeBatches) {
   }
 }
 
+// Batches of at least 1 MiB in memory are copied by several threads (loader.gather_threads,
+// copy_pool.hpp): the same bytes as one thread's, both from the producer and from next()'s own
+// gather (background off), in both in-memory residencies.
+TEST(LoaderGatherThreads, ManyCopyingThreadsGiveTheSameBatches) {
+  const mpi::Comm world = mpi::Comm::world();
+  const test::SharedTmpDir dir(world);
+  constexpr std::uint64_t rows = 4000, cols = 512;  // 2 KiB a row
+  test::write_file(world, dir.file("wide.h5"),
+                   {.rows = rows, .cols = cols, .committed = rows, .label_rows = rows});
+  for (const Shuffle shuffle : {Shuffle::global, Shuffle::local}) {
+    for (const bool background : {true, false}) {
+      SCOPED_TRACE(testing::Message() << train::to_string(shuffle) << " background "
+                                      << background);
+      LoaderOptions o;
+      o.path = dir.file("wide.h5");
+      o.shuffle = shuffle;
+      o.global_batch = 600 * world.size() + 7;  // >= 600 rows = 1.2 MiB on every rank
+      o.memory_budget = std::uint64_t{64} << 20;
+      o.seed = 99;
+      o.background = background;
+      o.gather_threads = 1;
+      Loader one(world, o);
+      o.gather_threads = 4;
+      Loader four(world, o);
+      EXPECT_NE(one.residency(), Residency::streamed);
+      EXPECT_NE(one.residency(), Residency::per_batch);
+      for (std::int64_t epoch : {0, 1}) {
+        const test::Epoch a = test::record(one, epoch);
+        const test::Epoch b = test::record(four, epoch);
+        EXPECT_EQ(a.ids, b.ids);
+        EXPECT_EQ(a.x, b.x);
+      }
+    }
+  }
+}
+
 TEST_F(LoaderTest, BatchesPreparedAheadForTheNextEpochAreTheRightOnes) {
   // After an epoch the producer prepares the next one (epoch + 1; for none any epoch): the
   // batches must equal those of a synchronous loader, whether the epoch was read to the end,

@@ -80,11 +80,19 @@ struct PeerDevice {
   char bus[32];
 };
 
+// The host as NCCL tells hosts apart: NCCL_HOSTID where it is set (the test-only way to put
+// two ranks of one GPU in one communicator: each rank claims a host of its own, README "GPU
+// training"), else the host name.
+std::string nccl_host_identity() {
+  const char* id = std::getenv("NCCL_HOSTID");
+  return id != nullptr && *id != '\0' ? std::string(id) : mpi::hostname();
+}
+
 }  // namespace
 
 std::string duplicate_device_reason(const mpi::Comm& comm) {
   PeerDevice mine{};
-  std::strncpy(mine.host, mpi::hostname().c_str(), sizeof(mine.host) - 1);
+  std::strncpy(mine.host, nccl_host_identity().c_str(), sizeof(mine.host) - 1);
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetPCIBusId(mine.bus, sizeof(mine.bus), device) != cudaSuccess) {

@@ -62,6 +62,11 @@ std::unique_ptr<Compute> make_compute(const ComputeOptions& options, const mpi::
 
 double Compute::grad_squares() { return sum_of_squares(grads().host()); }
 
+double Compute::take_step_values(std::vector<LossStats>& out) {
+  drain_stats(out);
+  return grad_squares();
+}
+
 void Compute::cache_dataset(std::span<const float>, std::int64_t, std::int64_t) {
   throw ConfigError(fmt::format("loader.device_cache_mb needs a GPU backend: the {} backend "
                                 "reads batches from host memory (set loader.device_cache_mb = 0)",

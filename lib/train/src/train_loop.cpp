@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
@@ -69,6 +70,8 @@ bool Trainer::Impl::step(const LoadedBatch& b) {
   comm::progress("gradient all-reduce of step {}", state.step + 1);
   test_hook("train-before-allreduce");  // a rank dies or stalls as its peers wait in it
   if (reducer) reducer->finish();  // the pipeline engine completes its own
+  if (monitors.anomaly) compute->request_step_values();
+  if (monitors.deferred) return deferred_step();
   const StepAction verdict = judge_step();  // monitor/monitor_hooks.cpp
   if (verdict == StepAction::stop) return false;
   last_lr = learning_rate(opts.schedule, state.step);
@@ -76,6 +79,27 @@ bool Trainer::Impl::step(const LoadedBatch& b) {
   ++state.step;
   ++state.step_in_epoch;
   return true;
+}
+
+// anomaly = warn on a deferring backend: the update goes first, gated on the device by the
+// gradient's finiteness, then the verdict (apply, or stop on a non-finite value: warn never
+// skips). A stop leaves the state before the step when the device skipped the update, as the
+// other order does; when only the loss was non-finite (the gradient was finite) the update
+// ran, and the step counts.
+bool Trainer::Impl::deferred_step() {
+  const double lr_before = last_lr;
+  last_lr = learning_rate(opts.schedule, state.step);
+  compute->optimizer_step(last_lr, opts.clip_max_norm);
+  const StepAction verdict = judge_step();
+  LOCUS_ASSERT(verdict != StepAction::skip, "train.anomaly = warn dropped an update");
+  if (verdict == StepAction::stop && !std::isfinite(monitors.squares)) {
+    state.optimizer->set_steps(state.optimizer->steps() - 1);  // the device skipped it
+    last_lr = lr_before;
+    return false;
+  }
+  ++state.step;
+  ++state.step_in_epoch;
+  return verdict != StepAction::stop;
 }
 
 void Trainer::Impl::collect() {

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "locus/comm/agree.hpp"
+#include "locus/comm/topology.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/file.hpp"
@@ -32,6 +34,16 @@ TrainOptions checked(const Grid& grid, TrainOptions o) {
     set_blas_threads(o.threads);
   });
   return o;
+}
+
+// loader.gather_threads: as set, or for 0 (auto) up to 4 copying threads per rank where a
+// device computes (page-locked batches) and the node's cores are not all taken by its ranks;
+// 1 on the cpu backend, whose BLAS threads keep the cores busy.
+int gather_threads(int requested, bool device, int node_ranks) {
+  if (requested > 0) return requested;
+  if (!device) return 1;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores / std::max(node_ranks, 1), 1, 4);
 }
 
 LoaderOptions eval_loader_options(const TrainOptions& o) {
@@ -166,6 +178,7 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     mpi::agree_on(g.world(),
                   [&] { compute = make_compute(opts.compute, g.world(), state, opts.loss); });
   }
+  const int node_ranks = comm::Topology(g.world()).node().size();  // collective over the world
   // Loaders only where data enters (stage 0 of each replica); a loader's errors are agreed
   // over its dp communicator, so they are re-agreed over the world for the other stages.
   mpi::agree_on(g.world(), [&] {
@@ -176,6 +189,8 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
       train_data.host_memory = eval_data.host_memory = compute->host_memory();
       train_data.gather_features = opts.device_cache_bytes == 0;
     }
+    train_data.gather_threads = eval_data.gather_threads =
+        gather_threads(opts.data.gather_threads, train_data.host_memory != nullptr, node_ranks);
     loader = std::make_unique<Loader>(g.dp(), train_data);
     if (has_eval) eval_loader = std::make_unique<Loader>(g.dp(), eval_data);
   });
@@ -233,6 +248,10 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
   ro.mode = comm::ReduceMode::presummed_average;
   reducer = detail::make_reducer(compute->grads(), g.dp(), ro, &reducer_note);
   on_grads_ready = [this](int l) { reducer->ready_from(state.model.layout().layer(l).begin()); };
+  // warn never drops an update: on a deferring backend it may be enqueued before the verdict.
+  monitors.deferred = monitors.anomaly && opts.anomaly.action == AnomalyAction::warn &&
+                      compute->defers_step_values();
+  compute->gate_updates(monitors.deferred);
 }
 
 // loader.device_cache_mb: the training loader's resident block (this rank's partition, or the

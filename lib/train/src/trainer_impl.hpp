@@ -155,12 +155,20 @@ struct Trainer::Impl {
     TrainObserver* observer = nullptr;            // of the running train() call
     double agree_s = 0;  // time in the anomaly all-reduce (a wait in a reduction)
     std::string stop;    // why the last judged step stopped training ("" when it did not)
+    // anomaly = warn on a backend that defers the step values (a GPU): each step's update is
+    // enqueued before its verdict and skipped on the device if the gradient is not finite, so
+    // the host never waits for the whole step (train_loop.cpp, step()).
+    bool deferred = false;
+    double squares = 0;  // the last judged step's gradient sum of squares
   } monitors;
   // Collective over the world (once): the ranks' places for the straggler reports.
   void start_monitors(TrainObserver& obs);
-  // Collective over the world, after the gradient reduction and before the update: the
-  // anomaly verdict on this step (its loss sums go to the metrics unless it is dropped).
+  // Collective over the world, after the gradient reduction and before the update (after the
+  // update is enqueued when monitors.deferred): the anomaly verdict on this step (its loss
+  // sums go to the metrics unless it is dropped), from the values request_step_values() sent.
   StepAction judge_step();
+  // step()'s end when monitors.deferred: enqueue the (gated) update, then judge.
+  bool deferred_step();
   // Local: the parts of the step that began at `before` (mark() before its batch was taken).
   void time_step(const detail::Mark& before, double agree_before);
   // Collective over the world at the end of a log interval: the step-time summaries gathered

@@ -147,6 +147,7 @@ struct Job {
     o.output = fmt::format("{}.solo{}.h5", out, world.rank());
     o.report = o.output + ".json";
     infer::run_inference(solo, o);
+    world.barrier();  // rank 0's file is complete before any rank opens it
     return read_output(world, fmt::format("{}.solo0.h5", out), rows);
   }
 };

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -148,6 +149,74 @@ TEST_F(CudaKernels, OptimizersMatchCpuOverSeveralSteps) {
         if (mismatched > 0) {
           std::cout << "[ info ] " << c.name << ", n " << n << ": " << mismatched
                     << " values differ in their bits from the CPU optimizer (within 1e-5)\n";
+        }
+      }
+    }
+  }
+}
+
+// The update's gate (kernels.hpp): a finite *gate changes nothing (the same bits as no gate);
+// a non-finite one (NaN, +-inf: a diverged step's sum of squares) leaves the parameters, their
+// bf16 copy and the optimizer state exactly as they were.
+TEST_F(CudaKernels, OptimizersSkipTheUpdateBehindANonFiniteGate) {
+  std::uint64_t seed = 7500;
+  for (const OptimCase& c : optim_cases()) {
+    for (const std::size_t n : {std::size_t{7}, std::size_t{4099}}) {
+      for (const std::size_t offset : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << c.name << ", " << n << " params, offset " << offset);
+        const OptimizerOptions& o = c.options;
+        const bool sgd = o.kind == OptimizerKind::sgd;
+        const bool momentum = sgd && o.momentum != 0.0;
+        const auto params = uniform(n, -1.0f, 1.0f, ++seed);
+        const auto grads = uniform(n, -2.0f, 2.0f, ++seed);
+        const auto state_a = uniform(n, -0.5f, 0.5f, ++seed);
+        const auto state_b = uniform(n, 0.0f, 0.5f, ++seed);
+        auto cpu = make_optimizer(o, n);
+        cpu->set_steps(3);  // not the first step: the momentum buffer is read
+        // One update per gate value, each from the same starting point.
+        auto run = [&](const double* gate_value) {
+          Dev<float> p(params, offset), g(grads, offset), a(state_a, offset), b(state_b, offset);
+          Dev<float> scale(1);
+          Dev<Bf16Bits> p16(n, offset);
+          Dev<OptimizerScalars> sc(1);
+          Dev<double> gate(1);
+          p16.poison();
+          scale.set(1.0f);
+          sc.upload({scalars_for(o, cpu->steps(), 0.05)});
+          if (gate_value != nullptr) gate.set(*gate_value);
+          const double* gp = gate_value != nullptr ? gate.get() : nullptr;
+          if (sgd) {
+            SgdConfig cfg;
+            cfg.weight_decay = static_cast<float>(o.weight_decay);
+            cfg.momentum = static_cast<float>(o.momentum);
+            cfg.nesterov = o.nesterov;
+            sgd_update(p.get(), g.get(), momentum ? a.get() : nullptr, bf(p16), n, cfg, sc.get(),
+                       scale.get(), stream_, gp);
+          } else {
+            AdamConfig cfg;
+            cfg.weight_decay = static_cast<float>(o.weight_decay);
+            cfg.decoupled = o.kind == OptimizerKind::adamw;
+            cfg.beta1 = o.beta1;
+            cfg.beta2 = o.beta2;
+            cfg.eps = o.eps;
+            adam_update(p.get(), g.get(), a.get(), b.get(), bf(p16), n, cfg, sc.get(),
+                        scale.get(), stream_, gp);
+          }
+          sync();
+          EXPECT_TRUE(p.intact() && g.intact() && a.intact() && b.intact() && p16.intact());
+          return std::vector<std::vector<float>>{p.download(), a.download(), b.download()};
+        };
+        const auto plain = run(nullptr);
+        EXPECT_NE(bit_mismatches(plain[0], params), 0u) << "the ungated update changed nothing";
+        const double finite = 123.25;
+        EXPECT_EQ(run(&finite), plain) << "a finite gate changed the update";
+        for (const double bad : {std::numeric_limits<double>::quiet_NaN(),
+                                 std::numeric_limits<double>::infinity(),
+                                 -std::numeric_limits<double>::infinity()}) {
+          const auto gated = run(&bad);
+          EXPECT_EQ(bit_mismatches(gated[0], params), 0u) << "parameters updated behind " << bad;
+          EXPECT_EQ(bit_mismatches(gated[1], state_a), 0u) << "state updated behind " << bad;
+          EXPECT_EQ(bit_mismatches(gated[2], state_b), 0u) << "state updated behind " << bad;
         }
       }
     }

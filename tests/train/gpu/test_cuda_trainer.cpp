@@ -6,11 +6,13 @@
 // the one that checks the refusal itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
 
 #include "locus/train/compute.hpp"
+#include "locus/train/monitor/anomaly.hpp"
 #include "test_trainer_util.hpp"
 
 namespace locus::train::test {
@@ -169,6 +171,50 @@ TEST_F(CudaTrainer, ResumeOnTheGpu) {
     } else {
       EXPECT_LE(relative(resumed.params, straight.params), 1e-4);
     }
+  }
+}
+
+// train.anomaly = warn on the GPU judges each step after its update is enqueued (the update is
+// gated on the device by the gradient's finiteness): a diverging run (lr 1e3) stops at the
+// same step on every rank with the state before the offending step -- bitwise that of a run
+// without the detector stopped there, finite, its optimizer step count included -- as the
+// judge-then-update order of the CPU does; skip and stop keep that order on the GPU too.
+TEST_F(CudaTrainer, DivergenceStopsWithTheLastGoodStateOnTheDevice) {
+  const Grid grid(mpi::Comm::world(), 1);
+  for (const AnomalyAction action : {AnomalyAction::warn, AnomalyAction::stop}) {
+    SCOPED_TRACE(std::string(to_string(action)));
+    TrainOptions o = options(data(), "cuda");
+    o.schedule.base_lr = 1e3;
+    o.schedule.warmup_steps = 0;
+    o.clip_max_norm = 0;  // clipping would keep the run finite
+    o.anomaly.action = action;
+    Trainer t(grid, o);
+    const TrainSummary s = t.train();
+    ASSERT_FALSE(s.anomaly_stop.empty()) << "lr 1e3 did not diverge in " << o.max_steps << " steps";
+    EXPECT_NE(s.anomaly_stop.find("non-finite"), std::string::npos) << s.anomaly_stop;
+    const std::int64_t stopped = t.state().step;
+    std::int64_t most = stopped;
+    mpi::Comm::world().allreduce_inplace(std::span<std::int64_t>(&most, 1), MPI_MAX);
+    EXPECT_EQ(most, stopped) << "every rank stopped at the same step";
+    const TrainState& got = t.synced_state();
+    TrainOptions off = o;
+    off.anomaly.enabled = false;
+    Trainer want(grid, off);
+    want.train(nullptr, stopped);
+    const TrainState& ref = want.synced_state();
+    EXPECT_EQ(got.optimizer->steps(), ref.optimizer->steps());
+    EXPECT_TRUE(std::equal(got.model.params().begin(), got.model.params().end(),
+                           ref.model.params().begin(), ref.model.params().end()))
+        << "the stopped state is not the state before the diverged step";
+    const auto a = std::as_const(*got.optimizer).state();
+    const auto b = std::as_const(*ref.optimizer).state();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(std::equal(a[i].data.begin(), a[i].data.end(), b[i].data.begin(),
+                             b[i].data.end()))
+          << a[i].name;
+    }
+    EXPECT_TRUE(params_finite(grid, got.model.params()));
   }
 }
 

@@ -68,6 +68,10 @@ class CudaCompute final : public Compute {
   double last_grad_norm() override;
   double grad_squares() override;
   void drain_stats(std::vector<LossStats>& out) override;
+  bool defers_step_values() const noexcept override { return true; }
+  void gate_updates(bool on) override;
+  void request_step_values() override;
+  double take_step_values(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
   void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
   std::shared_ptr<HostMemory> host_memory() override {
@@ -101,6 +105,7 @@ class CudaCompute final : public Compute {
   void run_graph(std::map<std::uint64_t, std::pair<int, GraphExec>>& graphs, std::uint64_t key,
                  Issue&& issue);
   void store_stats(int rows);
+  void take_pending_stats(std::vector<LossStats>& out);
 
   ComputeOptions options_;
   DeviceInfo device_;
@@ -134,6 +139,12 @@ class CudaCompute final : public Compute {
   PinnedBuffer<DeviceLossStats> stats_ring_;
   std::vector<std::int64_t> pending_rows_;
   std::vector<LossStats> overflow_;
+  // The step values of request_step_values(): the reduced gradient's sum of squares (also the
+  // update's gate when gate_ is on), its pinned host copy and the event that marks both.
+  DeviceBuffer<double> step_squares_;
+  PinnedBuffer<double> step_squares_host_;
+  Event values_ready_;
+  bool gate_ = false;
 };
 
 constexpr std::size_t kStatsRing = 4096;
@@ -154,7 +165,10 @@ CudaCompute::CudaCompute(const ComputeOptions& options, const DeviceInfo& device
       norm_(1),
       norm_scratch_(grad_norm_scratch(n_)),
       stats_(1),
-      stats_ring_(kStatsRing) {
+      stats_ring_(kStatsRing),
+      step_squares_(1),
+      step_squares_host_(1),
+      values_ready_(make_event()) {
   LOCUS_ASSERT(state.model.whole(),
                "the whole-model cuda backend trains whole models (a pipeline stage runs on "
                "cuda_layer_ops)");
@@ -338,7 +352,30 @@ void CudaCompute::issue_update(bool clip) {
     grad_norm_and_scale(dstate_.grads(), n_, options_clip_, norm_scratch_.data(), norm_.data(),
                         grad_scale_.data(), s);
   }
-  dstate_.issue_update(opt_scalars_.device(), grad_scale_.data(), s);
+  dstate_.issue_update(opt_scalars_.device(), grad_scale_.data(), s,
+                       gate_ ? step_squares_.data() : nullptr);
+}
+
+void CudaCompute::gate_updates(bool on) {
+  if (on == gate_) return;
+  gate_ = on;
+  update_graphs_.clear();  // they captured the other gate
+}
+
+void CudaCompute::request_step_values() {
+  cudaStream_t s = compute_.get();
+  grad_sum_of_squares(dstate_.grads(), n_, norm_scratch_.data(), step_squares_.data(), s);
+  LOCUS_CUDA_CHECK(cudaMemcpyAsync(step_squares_host_.data(), step_squares_.data(),
+                                   sizeof(double), cudaMemcpyDeviceToHost, s));
+  LOCUS_CUDA_CHECK(cudaEventRecord(values_ready_.get(), s));
+}
+
+// Waits for the event of request_step_values() only: the update queued after it may still run.
+// The stats copies of the steps since the last drain were queued before it on the same stream.
+double CudaCompute::take_step_values(std::vector<LossStats>& out) {
+  LOCUS_CUDA_CHECK(cudaEventSynchronize(values_ready_.get()));
+  take_pending_stats(out);
+  return step_squares_host_.data()[0];
 }
 
 void CudaCompute::optimizer_step(double lr, double clip_max_norm) {
@@ -380,10 +417,14 @@ double CudaCompute::grad_squares() {
 }
 
 void CudaCompute::drain_stats(std::vector<LossStats>& out) {
+  if (!pending_rows_.empty()) LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+  take_pending_stats(out);
+}
+
+// The stats of the steps whose copies have completed (the caller waited for them).
+void CudaCompute::take_pending_stats(std::vector<LossStats>& out) {
   out.insert(out.end(), overflow_.begin(), overflow_.end());
   overflow_.clear();
-  if (pending_rows_.empty()) return;
-  LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
   for (std::size_t i = 0; i < pending_rows_.size(); ++i) {
     const DeviceLossStats& d = stats_ring_.data()[i];
     out.push_back(LossStats{d.loss_sum, static_cast<std::int64_t>(d.correct), pending_rows_[i]});

@@ -58,7 +58,7 @@ OptimizerScalars DeviceState::scalars(double lr) const {
 }
 
 void DeviceState::issue_update(const OptimizerScalars* scalars, const float* grad_scale,
-                               cudaStream_t s) {
+                               cudaStream_t s, const double* gate) {
   __nv_bfloat16* p16 = params_bf16_.size() > 0 ? params_bf16_.data() : nullptr;
   const OptimizerOptions& o = state_.optimizer->options();
   if (o.kind == OptimizerKind::sgd) {
@@ -67,7 +67,7 @@ void DeviceState::issue_update(const OptimizerScalars* scalars, const float* gra
     c.momentum = static_cast<float>(o.momentum);
     c.nesterov = o.nesterov;
     sgd_update(params_.data(), grads_.data(), state_a_.size() > 0 ? state_a_.data() : nullptr,
-               p16, n_, c, scalars, grad_scale, s);
+               p16, n_, c, scalars, grad_scale, s, gate);
   } else {
     AdamConfig c;
     c.weight_decay = static_cast<float>(o.weight_decay);
@@ -76,7 +76,7 @@ void DeviceState::issue_update(const OptimizerScalars* scalars, const float* gra
     c.beta2 = o.beta2;
     c.eps = o.eps;
     adam_update(params_.data(), grads_.data(), state_a_.data(), state_b_.data(), p16, n_, c,
-                scalars, grad_scale, s);
+                scalars, grad_scale, s, gate);
   }
 }
 

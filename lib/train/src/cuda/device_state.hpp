@@ -37,8 +37,9 @@ class DeviceState {
   OptimizerScalars scalars(double lr) const;
   // Enqueues one fused pass over every parameter reading grads * (*grad_scale) and *scalars
   // (device memory, so a captured graph reads each replay's). Capturable. The host's step
-  // counter is the caller's (Optimizer::finish_step).
-  void issue_update(const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s);
+  // counter is the caller's (Optimizer::finish_step). gate: see sgd_update (kernels.hpp).
+  void issue_update(const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s,
+                    const double* gate = nullptr);
 
  private:
   TrainState& state_;

@@ -340,16 +340,20 @@ struct SgdOp {
   float decay, momentum;
   const OptimizerScalars* scalars;
   const float* grad_scale;
+  const double* gate;
   float neg_lr, grad_coef, scale;
   int first;
+  bool live;
   __device__ void prepare() {
     neg_lr = scalars->neg_lr;
     grad_coef = scalars->grad_coef;
     first = scalars->first_step;
     scale = *grad_scale;
+    live = gate == nullptr || isfinite(*gate);
   }
   template <int V>
   __device__ void apply(std::size_t i) const {
+    if (!live) return;
     Vec<V> pv = load<V>(p + i);
     const Vec<V> gv = load<V>(g + i);
     Vec<V> bv{};
@@ -386,15 +390,19 @@ struct AdamOp {
   float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
   const OptimizerScalars* scalars;
   const float* grad_scale;
+  const double* gate;
   float scale, decay_factor, bias2_sqrt, neg_step_size;
+  bool live;
   __device__ void prepare() {
     scale = *grad_scale;
     decay_factor = scalars->decay_factor;
     bias2_sqrt = scalars->bias2_sqrt;
     neg_step_size = scalars->neg_step_size;
+    live = gate == nullptr || isfinite(*gate);
   }
   template <int V>
   __device__ void apply(std::size_t i) const {
+    if (!live) return;
     Vec<V> pv = load<V>(p + i);
     const Vec<V> gv = load<V>(g + i);
     Vec<V> mv = load<V>(m + i);
@@ -783,7 +791,8 @@ void mean_squared_error(const float* out, const float* targets, const std::int32
 
 void sgd_update(float* params, const float* grads, float* momentum_buffer,
                 __nv_bfloat16* params_bf16, std::size_t n, const SgdConfig& config,
-                const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s) {
+                const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s,
+                const double* gate) {
   if (n == 0) return;
   const bool vec4 = aligned(params, 16) && aligned(grads, 16) && aligned(momentum_buffer, 16) &&
                     aligned(params_bf16, 8);
@@ -798,6 +807,7 @@ void sgd_update(float* params, const float* grads, float* momentum_buffer,
     op.momentum = config.momentum;
     op.scalars = scalars;
     op.grad_scale = grad_scale;
+    op.gate = gate;
     launch_flat(op, n, vec4, s);
   };
   // As sgd.cpp: momentum is on when its buffer exists; nesterov only with momentum.
@@ -812,7 +822,8 @@ void sgd_update(float* params, const float* grads, float* momentum_buffer,
 
 void adam_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                  __nv_bfloat16* params_bf16, std::size_t n, const AdamConfig& config,
-                 const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s) {
+                 const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s,
+                 const double* gate) {
   if (n == 0) return;
   const bool vec4 = aligned(params, 16) && aligned(grads, 16) && aligned(exp_avg, 16) &&
                     aligned(exp_avg_sq, 16) && aligned(params_bf16, 8);
@@ -831,6 +842,7 @@ void adam_update(float* params, const float* grads, float* exp_avg, float* exp_a
     op.eps = static_cast<float>(config.eps);
     op.scalars = scalars;
     op.grad_scale = grad_scale;
+    op.gate = gate;
     launch_flat(op, n, vec4, s);
   };
   if (config.weight_decay == 0.0f) {

@@ -105,12 +105,17 @@ struct AdamConfig {
 // One fused pass over n parameters, reading grads * (*grad_scale) (the clipping factor,
 // device). momentum_buffer may be null (momentum 0). params_bf16 (may be null): a bf16 copy of
 // the updated parameters (the GEMM operands in bf16 mode). Same operation order as the CPU.
+// gate (device, may be null): when *gate is not finite (the gradient's sum of squares of a
+// diverged step) the update writes nothing -- parameters and optimizer state stay as they
+// were, which lets the host judge the step after it has enqueued the update.
 void sgd_update(float* params, const float* grads, float* momentum_buffer,
                 __nv_bfloat16* params_bf16, std::size_t n, const SgdConfig& config,
-                const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s);
+                const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s,
+                const double* gate = nullptr);
 void adam_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                  __nv_bfloat16* params_bf16, std::size_t n, const AdamConfig& config,
-                 const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s);
+                 const OptimizerScalars* scalars, const float* grad_scale, cudaStream_t s,
+                 const double* gate = nullptr);
 
 // Global-norm clipping on the device: *norm = sqrt(sum g^2) (double, fixed order: blocks of
 // kNormBlock elements summed in double, then the block sums in order) and, when max_norm > 0,

@@ -218,11 +218,20 @@ void Feeder::gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out) {
   shape(out, s.count, features, true);
   list_ids(s, perm.get(), out);
   const std::uint64_t c = cols();
-  for (std::uint64_t i = 0; i < s.count; ++i) {
-    const std::uint64_t row = out.ids[i] - mem_first_;
-    out.rows[i] = static_cast<std::int64_t>(row);
-    if (features) std::memcpy(out.x.data() + i * c, mem_x_.data() + row * c, c * sizeof(float));
-    if (has_labels()) out.y[i] = mem_y_[row];
+  auto copy = [&](std::uint64_t begin, std::uint64_t end) {
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const std::uint64_t row = out.ids[i] - mem_first_;
+      out.rows[i] = static_cast<std::int64_t>(row);
+      if (features) std::memcpy(out.x.data() + i * c, mem_x_.data() + row * c, c * sizeof(float));
+      if (has_labels()) out.y[i] = mem_y_[row];
+    }
+  };
+  constexpr std::uint64_t kParallelBytes = std::uint64_t{1} << 20;
+  if (features && opts_.gather_threads > 1 && s.count * c * sizeof(float) >= kParallelBytes) {
+    std::call_once(copy_pool_once_, [&] { copy_pool_.emplace(opts_.gather_threads - 1); });
+    copy_pool_->run(s.count, copy);
+  } else {
+    copy(0, s.count);
   }
   finish(epoch, step, s, out);
 }

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/copy_pool.hpp"
 #include "data/loader_plan.hpp"
 #include "data/loader_source.hpp"
 #include "data/loader_stream.hpp"
@@ -140,6 +141,10 @@ class Feeder {
   std::int64_t order_epoch_[2] = {-1, -1};
   Order order_[2];
   int order_next_ = 0;
+
+  // Helpers for large in-memory batches (opts_.gather_threads - 1 of them), made on first use.
+  std::optional<CopyPool> copy_pool_;
+  std::once_flag copy_pool_once_;
 
   std::vector<std::pair<std::uint64_t, std::uint64_t>> sorted_;  // (row id, batch index)
   std::vector<float> scratch_x_;

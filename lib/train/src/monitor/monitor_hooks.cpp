@@ -31,16 +31,17 @@ void Trainer::Impl::start_monitors(TrainObserver& obs) {
 
 StepAction Trainer::Impl::judge_step() {
   if (!monitors.anomaly) return StepAction::apply;
-  // This step's loss sums (a device backend waits for them here, once per step).
+  // This step's loss sums and gradient sum of squares (a device backend waits for them here,
+  // once per step).
   drained.clear();
-  compute->drain_stats(drained);
+  const double squares = compute->take_step_values(drained);
+  monitors.squares = squares;
   LossStats local;
   for (const LossStats& s : drained) {
     local.loss_sum += s.loss_sum;
     local.correct += s.correct;
     local.rows += s.rows;
   }
-  const double squares = compute->grad_squares();
   const std::int64_t ending = state.step + 1;  // the step number once this step is done
   const std::string inject =
       test_hooks_enabled() ? test_hook_action(fmt::format("anomaly-step-{}", ending)) : "";

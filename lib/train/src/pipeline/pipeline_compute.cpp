@@ -71,6 +71,8 @@ void PipelineCompute::optimizer_step(double lr, double clip_max_norm) {
   stage_->ops().update(lr, scale);
 }
 
+double PipelineCompute::grad_squares() { return stage_->ops().grad_sum_of_squares(); }
+
 void PipelineCompute::drain_stats(std::vector<LossStats>& out) {
   out.insert(out.end(), pending_.begin(), pending_.end());
   pending_.clear();

@@ -95,6 +95,19 @@ class Compute {
   // out (waits for the device on a device backend).
   virtual void drain_stats(std::vector<LossStats>& out) = 0;
 
+  // The anomaly detector's step values without a wait for the whole step (a device backend):
+  // request_step_values() after the reduction enqueues grad_squares() and sends it and the
+  // step's LossStats on their way to the host; gate_updates(true) makes optimizer_step() skip
+  // its update ON THE DEVICE when that sum of squares is not finite; take_step_values() then
+  // waits for those values only (the update may still run) and returns the sum of squares,
+  // the LossStats going to out as drain_stats() would. So the host judges a step while its
+  // update runs, and a diverged step still leaves the state before it. Backends that do not
+  // defer (the default: defers_step_values() false) compute both when taken.
+  virtual bool defers_step_values() const noexcept { return false; }
+  virtual void gate_updates(bool) {}
+  virtual void request_step_values() {}
+  virtual double take_step_values(std::vector<LossStats>& out);
+
   // Loss and argmax hits of the current parameters on a batch, without dropout (synchronous).
   virtual LossStats evaluate(const Batch& batch) = 0;
 

@@ -127,6 +127,11 @@ struct LoaderOptions {
   // device gathers them from its copy of resident(). Only with the samples in memory
   // (Residency partition/dataset), else a ConfigError naming loader.device_cache_mb.
   bool gather_features = true;
+  // Threads that copy the rows of one in-memory batch of at least 1 MiB of features: the
+  // gathering thread and gather_threads - 1 helpers (a GPU consumes large batches faster than
+  // one thread copies them). The batches are the same bytes at any count. 0: the Trainer
+  // decides (trainer.cpp, gather_threads); a Loader made directly copies on one thread.
+  int gather_threads = 0;
   // Node-local staging (stage.hpp): a directory on every node (node-local SSD, /dev/shm) into
   // which each node copies the rows its ranks read before the first step; batches are then read
   // from that copy. "" reads the source directly.

@@ -221,6 +221,9 @@ class PipelineCompute final : public Compute {
   // Collective over grid.pp() when clipping (the norm of the whole model's gradient).
   void optimizer_step(double lr, double clip_max_norm) override;
   double last_grad_norm() override { return last_norm_; }
+  // This stage's share (the anomaly detector adds the stages' shares), computed where the
+  // gradients live: on the device for a device backend.
+  double grad_squares() override;
   void drain_stats(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
   void sync_from_host() override;
