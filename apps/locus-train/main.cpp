@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config.hpp"
@@ -90,7 +91,7 @@ void say(const std::string& line) {
 int stop_on_anomaly(const train::Grid& grid, train::Trainer& trainer,
                     train::Checkpointer& checkpointer, const train::CheckpointOptions& ckpt,
                     const std::string& why) {
-  const std::int64_t step = trainer.state().step;
+  const std::int64_t step = std::as_const(trainer).state().step;
   const bool finite = train::params_finite(grid, trainer.synced_state().model.params());
   std::string kept = "checkpoint.dir is empty: no checkpoint was kept";
   if (!ckpt.dir.empty()) {

@@ -253,6 +253,18 @@ else
   say "not run (no GPU, no locus_monitor_bench in the bundle, or no dataset from the locus phase)"
 fi
 
+section "kernel times of a locus-train step (Nsight Compute, eager launches)"
+if [[ $skip == *" profile "* ]]; then
+  say "skipped (SKIP)"
+elif ((gpu)) && [[ -f $work/locus/train.h5 ]]; then
+  for pb in ${PROFILE:-fp32:128 bf16:128}; do
+    timeout -k 5 150 "$here/kernel_profile.sh" "$bundle/apps" "$work/locus/train.h5" "${pb#*:}" \
+      "${pb%%:*}" 2>&1 | tee -a "$log" >> "$work/locus/kernel_profile.txt"
+  done
+else
+  say "not run (no GPU or no dataset from the locus phase)"
+fi
+
 # locus.tar.gz (again, with the deep MLP's and the monitors' results)
 [[ -d $work/locus ]] && tar -C "$work" -czf "$out/locus.tar.gz" --exclude='*.h5' locus 2> /dev/null
 
@@ -320,6 +332,11 @@ fi
 if [[ -s $work/locus/monitor_bench.txt ]]; then
   { echo; echo "training monitors on the GPU (locus_monitor_bench, cached, batch 128):"
     grep -E '^\||ranks,' "$work/locus/monitor_bench.txt"; } >> "$out/summary.txt"
+fi
+if [[ -s $work/locus/kernel_profile.txt ]]; then
+  { echo; echo "device time per step by kernel (ncu, eager; the top 6 of each):"
+    awk '/^kernel_profile:/ {print; n = 0; next} /^  / && n++ < 6 {print}' \
+      "$work/locus/kernel_profile.txt"; } >> "$out/summary.txt"
 fi
 if [[ -s $reducer_table ]]; then
   { echo; echo "NCCL reducer at 1 rank (machinery overhead; staged = D2H+H2D round trip):"

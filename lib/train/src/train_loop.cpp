@@ -67,6 +67,10 @@ bool Trainer::Impl::step(const LoadedBatch& b) {
   comm::progress("forward and backward of step {}", state.step + 1);
   compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
                             static_cast<double>(b.global_rows), on_grads_ready);
+  // A device copies the next batch in while this step computes, when the loader has it.
+  if (prefetch) {
+    if (const LoadedBatch* ahead = loader->peek()) compute->prefetch_inputs(batch_of(*ahead));
+  }
   comm::progress("gradient all-reduce of step {}", state.step + 1);
   test_hook("train-before-allreduce");  // a rank dies or stalls as its peers wait in it
   if (reducer) reducer->finish();  // the pipeline engine completes its own
@@ -187,6 +191,9 @@ void Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObs
     const bool ends_epoch = state.step_in_epoch == steps_per_epoch || state.step == planned_steps;
     if (!ends_epoch && boundary(run, false)) break;
   }
+  // The loader may reuse a prefetched batch's memory after this (start_epoch()). On an
+  // exception the backend's destructor waits for its copies before the loader frees them.
+  compute->drop_prefetched();
   collect();
 }
 

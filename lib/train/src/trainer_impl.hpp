@@ -116,6 +116,8 @@ struct Trainer::Impl {
   bool pipelined = false;
   bool feeds = true;
   std::unique_ptr<Loader> loader;
+  // A device backend copies each next batch in during the step before it (Loader::peek()).
+  bool prefetch = false;
   std::unique_ptr<Loader> eval_loader;
   bool has_eval = false;
   std::int64_t eval_steps = 0;  // batches of an evaluation pass

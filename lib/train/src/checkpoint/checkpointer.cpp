@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "checkpoint/checkpointer_impl.hpp"
 #include "locus/comm/agree.hpp"
@@ -108,7 +109,9 @@ CheckpointMeta Checkpointer::Impl::meta_now() {
 }
 
 CheckpointData Checkpointer::Impl::live_data(const CheckpointMeta& m) {
-  const TrainState& st = trainer.state();
+  // The const accessor: the mutable one marks the host state as newer than the device's, and
+  // synced_state() would then never copy the device's again (stale checkpoints on a GPU).
+  const TrainState& st = std::as_const(trainer).state();
   CheckpointData d;
   d.model = &st.model;
   for (const auto& s : std::as_const(*st.optimizer).state()) d.optimizer_state.push_back(s);
@@ -153,7 +156,7 @@ void Checkpointer::Impl::start_async(const std::string& reason) {
   const double copy_s = seconds_since(t0);
   done = false;
   async_error = nullptr;
-  last_step = trainer.state().step;
+  last_step = std::as_const(trainer).state().step;
   last_time = Clock::now();
   worker = std::thread([this, reason, copy_s] {
     try {
@@ -259,7 +262,7 @@ std::optional<SaveResult> Checkpointer::save_now(const std::string& reason) {
   Impl& m = *impl_;
   LOCUS_ASSERT(m.enabled(), "save_now needs a checkpoint directory");
   m.harvest();
-  if (m.last_step == m.trainer.state().step) return std::nullopt;
+  if (m.last_step == std::as_const(m.trainer).state().step) return std::nullopt;
   return m.save_sync(reason);
 }
 

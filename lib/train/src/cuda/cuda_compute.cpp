@@ -74,6 +74,8 @@ class CudaCompute final : public Compute {
   double take_step_values(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
   void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
+  void prefetch_inputs(const Batch& batch) override;
+  void drop_prefetched() override;
   std::shared_ptr<HostMemory> host_memory() override {
     return std::make_shared<PinnedHostMemory>();
   }
@@ -92,7 +94,12 @@ class CudaCompute final : public Compute {
 
   void ensure_capacity(int rows);
   void check_labels(const Batch& batch) const;
+  // Copies the batch's inputs into slot on copy_ (after the slot's last reader), recording
+  // slot.copied; forward_backward() makes compute_ wait for it.
   void upload_inputs(const Batch& batch, InputSlot& slot);
+  static const void* identity(const Batch& b) noexcept {
+    return b.x.empty() ? static_cast<const void*>(b.resident_rows.data()) : b.x.data();
+  }
   // The step's first half on compute_ (capturable): inputs of slot -> grads_, loss -> stats_.
   // ready (may be null): called for each layer, last first, as soon as its gradient work is
   // enqueued (eager steps: a reducer starts on it while the layers below still compute).
@@ -240,7 +247,25 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   }
   if (loss_ == Loss::mse) h2d(slot.targets.data(), b.targets.data(), b.targets.size_bytes());
   LOCUS_CUDA_CHECK(cudaEventRecord(slot.copied.get(), s));
-  LOCUS_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot.copied.get(), 0));
+}
+
+// The slot the next forward_backward() uses; its previous reader (two steps back) is waited
+// for on copy_, not here.
+void CudaCompute::prefetch_inputs(const Batch& b) {
+  if (b.rows <= 0 || b.rows > slot_capacity_) return;  // a new capacity would synchronise
+  InputSlot& slot = slots_[passes_ % 2];
+  upload_inputs(b, slot);
+  slot.prefetched = identity(b);
+  slot.prefetched_rows = b.rows;
+}
+
+void CudaCompute::drop_prefetched() {
+  for (InputSlot& slot : slots_) {
+    if (slot.prefetched == nullptr) continue;
+    LOCUS_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
+    slot.prefetched = nullptr;
+    slot.prefetched_rows = -1;
+  }
 }
 
 void CudaCompute::issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bool training,
@@ -324,7 +349,10 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   ++passes_;
   bool announced = false;
   pass_scalars_.upload(PassScalars{step, static_cast<float>(1.0 / grad_divisor)}, compute_.get());
-  upload_inputs(batch, slot);
+  if (slot.prefetched != identity(batch) || slot.prefetched_rows != rows) upload_inputs(batch, slot);
+  slot.prefetched = nullptr;
+  slot.prefetched_rows = -1;
+  LOCUS_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot.copied.get(), 0));
   if (rows == 0) {
     LOCUS_CUDA_CHECK(cudaMemsetAsync(dstate_.grads(), 0, dstate_.grads_bytes(), compute_.get()));
     LOCUS_CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, sizeof(DeviceLossStats), compute_.get()));

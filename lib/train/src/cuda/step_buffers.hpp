@@ -30,6 +30,10 @@ struct InputSlot {
   DeviceBuffer<std::uint64_t> sample_ids;    // [rows] (dropout)
   DeviceBuffer<float> targets;               // [rows, output width] (mse)
   Event copied, consumed;
+  // The host batch whose inputs this slot holds or is receiving ahead of its step
+  // (prefetch_inputs; null: none): its first host array and row count.
+  const void* prefetched = nullptr;
+  int prefetched_rows = -1;
 };
 
 // Small values written by the host for the device to read at run time (a captured graph reads

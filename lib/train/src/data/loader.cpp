@@ -149,6 +149,7 @@ struct Loader::Impl {
   Buffer* claim_step();
   const LoadedBatch* next_threaded();
   const LoadedBatch* next_sync();
+  const LoadedBatch* peek_threaded();
 };
 
 // The producer thread: every HDF5 call of a threaded loader happens here.
@@ -428,6 +429,24 @@ void LoaderTestAccess::hold_producer(Loader& l, bool hold) {
     s.held_back = hold;
   }
   s.cv.notify_all();
+}
+
+// The front of the ring when it is the step next() hands out next (for none, batches
+// speculated for epoch + 1 are alike: next() relabels them).
+const LoadedBatch* Loader::Impl::peek_threaded() {
+  const std::lock_guard<std::mutex> lk(m);
+  if (error || consume_step >= steps || ready.empty()) return nullptr;
+  const Buffer* front = ready.front();
+  if (front->batch.step != consume_step ||
+      (front->batch.epoch != epoch && opts.shuffle != Shuffle::none)) {
+    return nullptr;
+  }
+  return &front->batch;
+}
+
+const LoadedBatch* Loader::peek() {
+  Impl& s = *impl_;
+  return s.started && s.threaded ? s.peek_threaded() : nullptr;
 }
 
 const LoadedBatch* Loader::Impl::next_sync() {

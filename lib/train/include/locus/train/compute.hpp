@@ -108,6 +108,14 @@ class Compute {
   virtual void request_step_values() {}
   virtual double take_step_values(std::vector<LossStats>& out);
 
+  // A device backend starts copying the inputs of `batch` -- what the next forward_backward()
+  // gets -- while the current step computes, and forward_backward() then finds them there.
+  // The batch's memory must stay as it is until then (Loader::peek() gives such a batch).
+  // drop_prefetched() waits for such a copy and forgets it: call it before the loader may
+  // reuse that memory (start_epoch(), the end of training). No-ops on a host backend.
+  virtual void prefetch_inputs(const Batch&) {}
+  virtual void drop_prefetched() {}
+
   // Loss and argmax hits of the current parameters on a batch, without dropout (synchronous).
   virtual LossStats evaluate(const Batch& batch) = 0;
 

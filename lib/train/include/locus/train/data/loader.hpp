@@ -208,6 +208,11 @@ class Loader {
   // Blocks (and counts data-wait time) while the producer is behind. Rethrows a read error of
   // the producer. Local: no other rank takes part.
   const LoadedBatch* next();
+  // The batch the next call of next() returns, when the producer has it ready; else nullptr
+  // (never waits or reads; always nullptr without a producer thread). Its memory stays as it
+  // is until that next() hands it out and the next() after releases it, or until
+  // start_epoch(), so a device may copy it ahead of its step. Local.
+  const LoadedBatch* peek();
 
   double wait_seconds() const;         // total time next() waited since construction
   double last_wait_seconds() const;    // wait of the latest next()
