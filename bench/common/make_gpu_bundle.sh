@@ -88,6 +88,14 @@ while IFS=$'\t' read -r name exe ranks; do
   printf '%s\t%s\t%s\n' "$name" "$(basename "$exe")" "$ranks" >> "$manifest"
 done < "$manifest.abs"
 rm -f "$manifest.abs"
+# Run order: single-rank binaries first (the kernels' tests tell the most when something is
+# wrong), then MPI ones, then the app scripts.
+python3 - "$manifest" <<'PY'
+import sys
+rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines() if l]
+rows.sort(key=lambda r: (r[1].startswith("script:"), int(r[2]), "kernels" not in r[0], r[0]))
+open(sys.argv[1], "w").write("".join("\t".join(r) + "\n" for r in rows))
+PY
 ntests=$(find "$out/tests" -type f ! -name manifest.tsv | wc -l)
 nscripts=$(grep -c $'\tscript:' "$manifest" || true)
 

@@ -31,7 +31,7 @@ with open(path) as f:
     lines = [l for l in f if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") == "gpu__time_duration.sum":
-        rows.append((r["Kernel Name"], float(r["Metric Value"]) / 1e3))
+        rows.append((r["Kernel Name"], float(r["Metric Value"].replace(",", "")) / 1e3))
 if not rows:
     print(f"kernel_profile: ncu gave no kernel times (rc {rc})")
     sys.exit()

@@ -66,6 +66,16 @@ def test_cuda_trains_like_the_cpu(r, tmp):
     a, b = last_eval(os.path.join(tmp, "gpu.jsonl")), last_eval(os.path.join(tmp, "cpu.jsonl"))
     check(abs(a["eval_accuracy"] - b["eval_accuracy"]) <= 0.01,
           f"test accuracy {a['eval_accuracy']} on the GPU, {b['eval_accuracy']} on the CPU", gpu)
+    # The GPU's telemetry through NVML, every rank, every interval: plausible readings.
+    with open(os.path.join(tmp, "gpu.jsonl")) as f:
+        tele = [json.loads(l) for l in f if '"type":"telemetry"' in l.replace(" ", "")]
+    check(tele, "no telemetry line in the GPU run's metrics", gpu)
+    for t in tele:
+        for key, low, high in (("gpu_mem_total_mib", 1024, 1 << 22), ("gpu_sm_clock_mhz", 1, 10000),
+                               ("gpu_power_w", 1, 5000), ("gpu_temp_c", 1, 150)):
+            values = t.get(key, [])
+            check(len(values) == r.ranks and all(low <= v <= high for v in values),
+                  f"telemetry step {t.get('step')}: {key} = {values} (NVML not read?)", gpu)
 
 
 def test_graphs_and_device_cache_give_the_same_bits(r, tmp):
