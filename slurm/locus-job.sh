@@ -115,6 +115,25 @@ locus_trap() {
   done
 }
 
+# The GPUs Slurm gave the job and how its ranks will find theirs, for the launch line ("" in a
+# job without GPUs). Under srun each task sees the GPUs of its step on its node (one each with
+# --gpus-per-task=1); under mpirun every rank of a node sees all the job's GPUs there, and the
+# apps take the node-local rank modulo their count (train.device / infer.device override).
+locus_gpu_note() {
+  local gpus=${SLURM_JOB_GPUS:-${SLURM_STEP_GPUS:-}}
+  [ -n "$gpus" ] || [ -n "${SLURM_GPUS_PER_TASK:-}" ] || return 0
+  local note="GPUs ${gpus:-?} (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset})"
+  if [ "${LOCUS_LAUNCH[0]}" = mpirun ]; then
+    note+=", each rank takes node-local rank modulo the node's GPUs"
+    if [ -n "${SLURM_GPUS_PER_TASK:-}" ]; then
+      note+=" (--gpus-per-task binds a GPU per task only for srun: LOCUS_LAUNCHER=srun)"
+    fi
+  else
+    note+=", each task those of its srun step"
+  fi
+  echo ", $note"
+}
+
 # Runs the app under the launcher with LOCUS_ARGS and sets LOCUS_RC to its exit code. The
 # launcher runs in the background so that bash runs traps while it waits: a trapped signal
 # makes `wait` return early, so wait again until the launcher is really gone. A signal that
@@ -129,7 +148,7 @@ locus_run() {
     locus_log "not starting ${LOCUS_APP_PATH##*/}: SIG$LOCUS_SIGNALLED came first (code $LOCUS_RC)"
     return
   fi
-  locus_log "restart ${SLURM_RESTART_COUNT:-0}, $(hostname), ${SLURM_JOB_NODELIST:+nodes $SLURM_JOB_NODELIST, }${SLURM_NTASKS:-1} tasks: ${cmd[*]}"
+  locus_log "restart ${SLURM_RESTART_COUNT:-0}, $(hostname), ${SLURM_JOB_NODELIST:+nodes $SLURM_JOB_NODELIST, }${SLURM_NTASKS:-1} tasks$(locus_gpu_note): ${cmd[*]}"
   if [ "${LOCUS_LAUNCH[0]}" = mpirun ]; then
     # mpirun with SIGTERM blocked (its ranks get an unblocked mask from Open MPI): Slurm's
     # SIGTERM at preemption, cancellation or the time limit goes to every process of the batch

@@ -39,7 +39,8 @@ void validate(const ComputeOptions& options) {
   if (options.backend == "cuda") {
     if (cuda::device_count() == 0) {
       throw ConfigError(fmt::format("train.backend = cuda, but host {} has {}; available: cpu "
-                                    "(set train.backend = cpu, or run on a GPU node)",
+                                    "(set train.backend = cpu, or run on a GPU node; under "
+                                    "Slurm ask for GPUs: docs/SLURM.md, \"GPU jobs\")",
                                     mpi::hostname(), cuda::describe_devices()));
     }
     return;

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_compute.hpp"
 #include "cuda/matmul.hpp"
@@ -41,6 +43,21 @@ DeviceInfo info_of(int index) {
 
 }  // namespace
 
+std::string visibility_note() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::string note = visible != nullptr ? fmt::format("CUDA_VISIBLE_DEVICES={}", visible)
+                                        : std::string("CUDA_VISIBLE_DEVICES unset");
+  // Under Slurm, what the job (or this step) was given: GPUs granted but not visible to CUDA
+  // point at the node (driver, device files), not at the request.
+  for (const char* var : {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS"}) {
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
+      note += fmt::format("; Slurm's {}={}", var, v);
+      break;
+    }
+  }
+  return note;
+}
+
 int device_count() noexcept {
   std::string why;
   return device_count(why);
@@ -60,7 +77,7 @@ std::string describe_backend(Precision precision, const DeviceInfo& d) {
 std::string describe_devices() {
   std::string why;
   const int count = device_count(why);
-  if (count == 0) return fmt::format("no device on this host: {}", why);
+  if (count == 0) return fmt::format("no usable CUDA device: {} ({})", why, visibility_note());
   std::string text = fmt::format("{} device{}:", count, count == 1 ? "" : "s");
   for (int i = 0; i < count; ++i) text += fmt::format(" {}", info_of(i).describe());
   return text;
@@ -78,17 +95,17 @@ DeviceInfo select_device(const mpi::Comm& world, int requested, std::string_view
   std::string why;
   const int count = device_count(why);
   if (count == 0) {
-    throw ConfigError(fmt::format("{0}.backend = cuda, but host {1} has no usable GPU: {2}. "
-                                  "Available here: cpu (set {0}.backend = cpu), or run on a "
-                                  "GPU node",
-                                  section, mpi::hostname(), why));
+    throw ConfigError(fmt::format("{0}.backend = cuda, but host {1} has no usable GPU: {2} "
+                                  "({3}). Available here: cpu (set {0}.backend = cpu), or run "
+                                  "on a GPU node",
+                                  section, mpi::hostname(), why, visibility_note()));
   }
   if (requested >= count) {
     throw ConfigError(fmt::format("{0}.device = {1}, but host {2} has {3} visible device{4} "
-                                  "(0..{5}): set {0}.device = -1 (node-local rank modulo the "
-                                  "devices) or a valid index",
+                                  "(0..{5}; {6}): set {0}.device = -1 (node-local rank modulo "
+                                  "the devices) or a valid index",
                                   section, requested, mpi::hostname(), count,
-                                  count == 1 ? "" : "s", count - 1));
+                                  count == 1 ? "" : "s", count - 1, visibility_note()));
   }
   const int index = requested >= 0 ? requested : local_rank % count;
   LOCUS_CUDA_CHECK(cudaSetDevice(index));

@@ -25,6 +25,10 @@ struct DeviceInfo {
 // 130000".
 std::string describe_backend(Precision precision, const DeviceInfo& device);
 
+// What decides which devices this process sees, for messages: "CUDA_VISIBLE_DEVICES=0,1;
+// Slurm's SLURM_JOB_GPUS=0,1" (the Slurm part only inside a job given GPUs).
+std::string visibility_note();
+
 // Collective over world: the node-local rank (MPI_Comm_split_type SHARED) modulo the visible
 // devices, or `requested` when >= 0; made current with cudaSetDevice. ConfigError (not agreed
 // here) when the host has no usable device or `requested` is out of range, naming the keys of
