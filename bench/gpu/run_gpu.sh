@@ -91,6 +91,20 @@ run_mpi() {
   fi
 }
 
+# record_gtest NAME RANKS RC LOG START: a gtest binary's totals (the MPI test main prints rank
+# 0's, gathered over all ranks) as a row of tests.tsv, its log into run.log, a line on screen.
+record_gtest() {
+  local name=$1 ranks=$2 rc=$3 tl=$4 start=$5 p f k st=ok
+  p=$(grep -m1 -oP '\[  PASSED  \] \K[0-9]+' "$tl" || echo 0)
+  f=$(grep -m1 -oP '\[  FAILED  \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
+  k=$(grep -m1 -oP '\[  SKIPPED \] \K[0-9]+(?= tests?[,.])' "$tl" || echo 0)
+  ((rc != 0)) && st="rc=$rc"
+  ((rc == 124 || rc == 137)) && st=timeout
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$st" "$p" "$f" "$k" "$((SECONDS - start))" >> "$tests_tsv"
+  { echo "--- $name (ranks $ranks, rc $rc)"; cat "$tl"; } >> "$log"
+  say "$name: $st, passed $p failed $f skipped $k"
+}
+
 section "GPU tests"
 tests_tsv=$work/tests.tsv
 printf 'test\tranks\tstatus\tpassed\tfailed\tskipped\tseconds\n' > "$tests_tsv"
@@ -151,16 +165,7 @@ else
       rc=$?
       { echo "(direct start failed, output:)"; cat "$tl.direct"; } >> "$tl"
     fi
-    # gtest's totals (the MPI test main prints rank 0's, gathered over all ranks)
-    p=$(grep -m1 -oP '\[  PASSED  \] \K[0-9]+' "$tl" || echo 0)
-    f=$(grep -m1 -oP '\[  FAILED  \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
-    k=$(grep -m1 -oP '\[  SKIPPED \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
-    st=ok
-    ((rc != 0)) && st="rc=$rc"
-    ((rc == 124 || rc == 137)) && st=timeout
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$st" "$p" "$f" "$k" "$((SECONDS - s))" >> "$tests_tsv"
-    { echo "--- $name (ranks $ranks, rc $rc)"; cat "$tl"; } >> "$log"
-    say "$name: $st, passed $p failed $f skipped $k"
+    record_gtest "$name" "$ranks" "$rc" "$tl" "$s"
   done < "$bundle/tests/manifest.tsv"
 fi
 tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
@@ -181,14 +186,7 @@ elif ((gpu)); then
       tl=$work/tests/$t.hostid.log s=$SECONDS
       (cd "$work/scratch" && run_mpi 2 "${HOSTID_TEST_TIMEOUT:-90}" "$here/hostid_rank.sh" \
          "$bundle/tests/$t" --gtest_brief=1 --gtest_color=no) > "$tl" 2>&1 < /dev/null
-      rc=$?
-      p=$(grep -m1 -oP '\[  PASSED  \] \K[0-9]+' "$tl" || echo 0)
-      f=$(grep -m1 -oP '\[  FAILED  \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
-      k=$(grep -m1 -oP '\[  SKIPPED \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
-      st=ok; ((rc != 0)) && st="rc=$rc"; ((rc == 124 || rc == 137)) && st=timeout
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t.hostid" 2 "$st" "$p" "$f" "$k" "$((SECONDS - s))" >> "$tests_tsv"
-      { echo "--- $t.hostid (ranks 2, rc $rc)"; cat "$tl"; } >> "$log"
-      say "$t.hostid: $st, passed $p failed $f skipped $k"
+      record_gtest "$t.hostid" 2 "$?" "$tl" "$s"
     done
   fi
 else

@@ -28,11 +28,13 @@ void check_stages(const mpi::Comm& world, int stages) {
   }
 }
 
-// Collective over world: world renumbered by grid position, and the layout text.
+// Collective over world: world renumbered by grid position, the layout text and the ranks
+// on this rank's node.
 mpi::Comm placed_world(const mpi::Comm& world, int stages, std::string& layout,
-                       bool& node_local) {
+                       bool& node_local, int& node_ranks) {
   check_stages(world, stages);
   const comm::Topology topo(world);
+  node_ranks = topo.node().size();
   const GridPlacement p = place_grid(topo.node_of_rank(), stages);
   node_local = p.node_local;
   if (stages == 1) {
@@ -101,7 +103,7 @@ GridPlacement place_grid(const std::vector<int>& node_of_rank, int stages) {
 }
 
 Grid::Grid(const mpi::Comm& world, int pipeline_stages)
-    : world_(placed_world(world, pipeline_stages, layout_, node_local_)),
+    : world_(placed_world(world, pipeline_stages, layout_, node_local_, node_ranks_)),
       dp_(world_.split(/*color=*/world_.rank() % pipeline_stages, world_.rank())),
       pp_(world_.split(/*color=*/world_.rank() / pipeline_stages, world_.rank())) {
   LOCUS_ASSERT(dp_.size() * pp_.size() == world_.size(),

@@ -6,7 +6,6 @@
 #include <thread>
 
 #include "locus/comm/agree.hpp"
-#include "locus/comm/topology.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/io/attribute.hpp"
 #include "locus/io/file.hpp"
@@ -178,7 +177,6 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     mpi::agree_on(g.world(),
                   [&] { compute = make_compute(opts.compute, g.world(), state, opts.loss); });
   }
-  const int node_ranks = comm::Topology(g.world()).node().size();  // collective over the world
   // Loaders only where data enters (stage 0 of each replica); a loader's errors are agreed
   // over its dp communicator, so they are re-agreed over the world for the other stages.
   mpi::agree_on(g.world(), [&] {
@@ -190,8 +188,12 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
       train_data.gather_features = opts.device_cache_bytes == 0;
     }
     train_data.gather_threads = eval_data.gather_threads =
-        gather_threads(opts.data.gather_threads, train_data.host_memory != nullptr, node_ranks);
+        gather_threads(opts.data.gather_threads, train_data.host_memory != nullptr,
+                       g.node_ranks());
     loader = std::make_unique<Loader>(g.dp(), train_data);
+    // A device backend's batches (page-locked) go in ahead of their step; mse targets are built
+    // on the host per batch (batch_of): those are not.
+    prefetch = train_data.host_memory != nullptr && opts.loss != Loss::mse;
     if (has_eval) eval_loader = std::make_unique<Loader>(g.dp(), eval_data);
   });
   std::int64_t counts[3] = {feeds ? loader->steps_per_epoch() : 0,
@@ -248,8 +250,6 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
   ro.mode = comm::ReduceMode::presummed_average;
   reducer = detail::make_reducer(compute->grads(), g.dp(), ro, &reducer_note);
   on_grads_ready = [this](int l) { reducer->ready_from(state.model.layout().layer(l).begin()); };
-  // mse targets are built on the host per batch (batch_of): those batches are not prefetched.
-  prefetch = loader != nullptr && compute->host_memory() != nullptr && opts.loss != Loss::mse;
   // warn never drops an update: on a deferring backend it may be enqueued before the verdict.
   monitors.deferred = monitors.anomaly && opts.anomaly.action == AnomalyAction::warn &&
                       compute->defers_step_values();

@@ -45,6 +45,28 @@ std::size_t bit_mismatches(const std::vector<float>& a, std::span<const float> b
   return n;
 }
 
+// One fused update of options o's kind through the kernels (momentum buffer a; Adam's moments
+// a and b), as DeviceState::issue_update calls them.
+void device_update(const OptimizerOptions& o, float* p, const float* g, float* a, float* b,
+                   __nv_bfloat16* p16, std::size_t n, const OptimizerScalars* sc,
+                   const float* scale, cudaStream_t stream, const double* gate = nullptr) {
+  if (o.kind == OptimizerKind::sgd) {
+    SgdConfig cfg;
+    cfg.weight_decay = static_cast<float>(o.weight_decay);
+    cfg.momentum = static_cast<float>(o.momentum);
+    cfg.nesterov = o.nesterov;
+    sgd_update(p, g, o.momentum != 0.0 ? a : nullptr, p16, n, cfg, sc, scale, stream, gate);
+  } else {
+    AdamConfig cfg;
+    cfg.weight_decay = static_cast<float>(o.weight_decay);
+    cfg.decoupled = o.kind == OptimizerKind::adamw;
+    cfg.beta1 = o.beta1;
+    cfg.beta2 = o.beta2;
+    cfg.eps = o.eps;
+    adam_update(p, g, a, b, p16, n, cfg, sc, scale, stream, gate);
+  }
+}
+
 struct OptimCase {
   std::string name;
   OptimizerOptions options;
@@ -113,23 +135,8 @@ TEST_F(CudaKernels, OptimizersMatchCpuOverSeveralSteps) {
           sc.upload({scalars_for(o, cpu->steps(), lr)});
           scale.set(grad_scale);
           p16.poison();
-          if (sgd) {
-            SgdConfig cfg;
-            cfg.weight_decay = static_cast<float>(o.weight_decay);
-            cfg.momentum = static_cast<float>(o.momentum);
-            cfg.nesterov = o.nesterov;
-            sgd_update(p.get(), g.get(), momentum ? a.get() : nullptr, bf(p16), n, cfg, sc.get(),
-                       scale.get(), stream_);
-          } else {
-            AdamConfig cfg;
-            cfg.weight_decay = static_cast<float>(o.weight_decay);
-            cfg.decoupled = o.kind == OptimizerKind::adamw;
-            cfg.beta1 = o.beta1;
-            cfg.beta2 = o.beta2;
-            cfg.eps = o.eps;
-            adam_update(p.get(), g.get(), a.get(), b.get(), bf(p16), n, cfg, sc.get(),
-                        scale.get(), stream_);
-          }
+          device_update(o, p.get(), g.get(), a.get(), b.get(), bf(p16), n, sc.get(), scale.get(),
+                        stream_);
           sync();
           cpu->step(params, grads, lr, grad_scale);
           const auto got = p.download();
@@ -165,8 +172,6 @@ TEST_F(CudaKernels, OptimizersSkipTheUpdateBehindANonFiniteGate) {
       for (const std::size_t offset : {0, 1}) {
         SCOPED_TRACE(::testing::Message() << c.name << ", " << n << " params, offset " << offset);
         const OptimizerOptions& o = c.options;
-        const bool sgd = o.kind == OptimizerKind::sgd;
-        const bool momentum = sgd && o.momentum != 0.0;
         const auto params = uniform(n, -1.0f, 1.0f, ++seed);
         const auto grads = uniform(n, -2.0f, 2.0f, ++seed);
         const auto state_a = uniform(n, -0.5f, 0.5f, ++seed);
@@ -184,24 +189,8 @@ TEST_F(CudaKernels, OptimizersSkipTheUpdateBehindANonFiniteGate) {
           scale.set(1.0f);
           sc.upload({scalars_for(o, cpu->steps(), 0.05)});
           if (gate_value != nullptr) gate.set(*gate_value);
-          const double* gp = gate_value != nullptr ? gate.get() : nullptr;
-          if (sgd) {
-            SgdConfig cfg;
-            cfg.weight_decay = static_cast<float>(o.weight_decay);
-            cfg.momentum = static_cast<float>(o.momentum);
-            cfg.nesterov = o.nesterov;
-            sgd_update(p.get(), g.get(), momentum ? a.get() : nullptr, bf(p16), n, cfg, sc.get(),
-                       scale.get(), stream_, gp);
-          } else {
-            AdamConfig cfg;
-            cfg.weight_decay = static_cast<float>(o.weight_decay);
-            cfg.decoupled = o.kind == OptimizerKind::adamw;
-            cfg.beta1 = o.beta1;
-            cfg.beta2 = o.beta2;
-            cfg.eps = o.eps;
-            adam_update(p.get(), g.get(), a.get(), b.get(), bf(p16), n, cfg, sc.get(),
-                        scale.get(), stream_, gp);
-          }
+          device_update(o, p.get(), g.get(), a.get(), b.get(), bf(p16), n, sc.get(), scale.get(),
+                        stream_, gate_value != nullptr ? gate.get() : nullptr);
           sync();
           EXPECT_TRUE(p.intact() && g.intact() && a.intact() && b.intact() && p16.intact());
           return std::vector<std::vector<float>>{p.download(), a.download(), b.download()};

@@ -54,11 +54,14 @@ class Grid {
   //  node 0: rank 0 = replica 0 stage 0, rank 1 = replica 0 stage 1\n ..."
   const std::string& layout() const noexcept { return layout_; }
   bool node_local() const noexcept { return node_local_; }
+  // The ranks on this rank's node (comm::Topology's node), of the whole world.
+  int node_ranks() const noexcept { return node_ranks_; }
 
  private:
   // Before world_: its initializer fills them.
   std::string layout_;
   bool node_local_ = true;
+  int node_ranks_ = 1;
   mpi::Comm world_;
   mpi::Comm dp_;
   mpi::Comm pp_;
