@@ -86,6 +86,10 @@ void TrainSettings::register_options(Config& c) {
         "cuda: capture each whole-model step shape once into a CUDA graph and replay it "
         "(false: launch kernel by kernel; pipeline stages and micro-batches always launch "
         "kernel by kernel)");
+  c.add_choice("train.gemm_select", gemm_select, {"measure", "heuristic"},
+               "cuda: each GEMM shape's cuBLASLt algorithm (measure: the heuristic's first "
+               "unless timing its candidates once shows it over 2.5x slower than the fastest; "
+               "heuristic: its first, never timed)");
   c.add("train.pipeline_stages", pipeline_stages,
         "pipeline stages: the layers are cut into this many stages on consecutive ranks, "
         "inside one node where the stage count divides every node's ranks; ranks = "
@@ -313,6 +317,7 @@ train::TrainOptions TrainSettings::to_options() const {
   o.compute.precision = train::parse_precision(precision);
   o.compute.device = static_cast<int>(device);
   o.compute.graphs = graphs;
+  o.compute.measure_gemms = gemm_select == "measure";
   o.device_cache_bytes = static_cast<std::uint64_t>(device_cache_mb) << 20;
   o.reducer.bucket_bytes = static_cast<std::size_t>(bucket_kb) << 10;
   o.reducer.backend = comm::parse_reducer_backend(reducer);

@@ -33,6 +33,7 @@ struct TrainSettings {
   std::string loss = "cross_entropy", backend = "cpu", precision = "fp32";
   std::int64_t device = -1, device_cache_mb = 0;
   bool graphs = true;
+  std::string gemm_select = "measure";
   std::int64_t epochs = 12, max_steps = 0, batch = 128, threads = 1, pipeline_stages = 1;
   std::int64_t micro_batches = 1;
   std::string pipeline_schedule = "1f1b", stage_boundaries;

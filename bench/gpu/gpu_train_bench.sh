@@ -16,6 +16,11 @@
 #                                 `mpirun --allow-run-as-root --oversubscribe -n 1` if that fails)
 #     ROWS="backend:precision:batch:cache_mb:graphs ..." (graphs: true|false|- for the default)
 #     CPU_THREADS=1 (train.threads of the cpu rows)   PYTHON=python3   EXTRA="--key=value ..."
+#     DATA=FILE.h5  train on this file instead (a locus dataset, or any HDF5 file with /features
+#                   [N, D] float and /labels [N] integer: docs/FORMATS.md): no locus-ingest; with
+#                   LAUNCH=auto, `locus-train --help` (it starts MPI) chooses the launcher; give
+#                   the matching --model.widths in EXTRA. The file is only read, never removed.
+#     TITLE="..."   the workload's name in the table's heading
 # Writes WORK_DIR/gpu_train_bench.tsv, one log per run under WORK_DIR/logs, and prints a table.
 set -uo pipefail
 root=$(cd "${1:?usage: gpu_train_bench.sh APPS_ROOT WORK_DIR}" && pwd)
@@ -50,29 +55,46 @@ run() {
   esac
 }
 
-# The dataset, which also decides the launcher when LAUNCH=auto.
-data=$work/train.h5
-ingest=("$apps/locus-ingest" --ingest.images="$fm/train-images-idx3-ubyte.gz"
-        --ingest.labels="$fm/train-labels-idx1-ubyte.gz" --ingest.output="$data"
-        --ingest.report="$work/train.gates.json")
-rm -f "$data"
-if [[ $launch == auto ]]; then
-  for l in direct mpirun; do
-    launch=$l
-    rm -f "$data"
-    if run "$work/logs/ingest-$l.log" "${ingest[@]}" && [[ -f $data ]]; then break; fi
-    echo "gpu_train_bench: locus-ingest failed with launcher '$l':" >&2
-    tail -n 5 "$work/logs/ingest-$l.log" >&2
-    launch=none
-  done
+# The dataset, whose first command (locus-ingest, or `locus-train --help` when DATA is given)
+# also decides the launcher when LAUNCH=auto: the first one under which it works.
+if [[ -n ${DATA:-} ]]; then
+  if [[ ! -f $DATA ]]; then
+    echo "gpu_train_bench: DATA=$DATA: no such file; give an HDF5 file with /features and /labels" >&2
+    exit 2
+  fi
+  data=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
+  step=probe first=("$apps/locus-train" --help)
+  started() { grep -q '^usage: locus-train' "$1"; }
 else
-  run "$work/logs/ingest-$launch.log" "${ingest[@]}" || launch=none
+  data=$work/train.h5
+  step=ingest first=("$apps/locus-ingest" --ingest.images="$fm/train-images-idx3-ubyte.gz"
+                     --ingest.labels="$fm/train-labels-idx1-ubyte.gz" --ingest.output="$data"
+                     --ingest.report="$work/train.gates.json")
+  started() { [[ -f $data ]]; }
 fi
+launchers=$launch
+[[ $launch == auto ]] && launchers="direct mpirun"
+for l in $launchers; do
+  launch=$l
+  [[ -n ${DATA:-} ]] || rm -f "$data"
+  if run "$work/logs/$step-$l.log" "${first[@]}" && started "$work/logs/$step-$l.log"; then break; fi
+  echo "gpu_train_bench: ${first[0]##*/} failed with launcher '$l':" >&2
+  tail -n 5 "$work/logs/$step-$l.log" >&2
+  launch=none
+done
 if [[ $launch == none || ! -f $data ]]; then
-  echo "gpu_train_bench: no dataset (locus-ingest failed; logs in $work/logs): nothing to time" >&2
+  if [[ -n ${DATA:-} ]]; then
+    echo "gpu_train_bench: locus-train does not start under any launcher (logs in $work/logs): nothing to time" >&2
+  else
+    echo "gpu_train_bench: no dataset (locus-ingest failed; logs in $work/logs): nothing to time" >&2
+  fi
   exit 2
 fi
-echo "gpu_train_bench: dataset $data (launcher: $launch; Fashion-MNIST from $fm)"
+if [[ -n ${DATA:-} ]]; then
+  echo "gpu_train_bench: dataset $data (launcher: $launch; given as DATA)"
+else
+  echo "gpu_train_bench: dataset $data (launcher: $launch; Fashion-MNIST from $fm)"
+fi
 
 # summarize METRICS -> "samples_per_s data_wait epochs_used first_epoch_s" (medians after epoch 1)
 summarize() {
@@ -137,7 +159,8 @@ for row in $ROWS; do
 done
 
 echo
-echo "locus-train, Fashion-MNIST 784-256-128-10, $epochs epochs; medians over epochs 2..$epochs"
+if [[ -n ${DATA:-} ]]; then title=${TITLE:-$(basename "$data")}; else title=${TITLE:-Fashion-MNIST 784-256-128-10}; fi
+echo "locus-train, $title, $epochs epochs; medians over epochs 2..$epochs"
 awk -F'\t' 'NR == 1 {printf "%-7s %-5s %6s %6s %-6s %-8s %11s %9s %9s  %s\n", "backend", "prec", "batch",
                      "cache", "graphs", "status", "samples/s", "data wait", "epoch1 s", "note"; next}
             {w = ($8 == "-") ? "-" : sprintf("%.1f%%", 100 * $8)

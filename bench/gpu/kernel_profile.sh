@@ -15,7 +15,7 @@ out=$(mktemp -d)
 # A window of launches well after the first steps (warm-up, cuBLASLt's first choices).
 steps=60
 OMPI_MCA_ess_singleton_isolated=1 timeout -k 5 120 "$ncu" --clock-control none \
-  --metrics gpu__time_duration.sum --csv --print-units base --launch-skip "${SKIP_LAUNCHES:-600}" \
+  --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size --csv --print-units base --launch-skip "${SKIP_LAUNCHES:-600}" \
   --launch-count "${LAUNCHES:-200}" \
   "$apps/locus-train" --data.train="$data" --data.test= --eval.every=0 --train.output= \
   --train.metrics= --train.log_every=0 --train.epochs=1 --train.max_steps="$steps" \
@@ -26,12 +26,15 @@ rc=$?
 python3 - "$out/ncu.csv" "$batch" "$prec" "$rc" <<'PY'
 import csv, collections, sys
 path, batch, prec, rc = sys.argv[1:]
-rows = []
+rows, grid = [], {}
 with open(path) as f:
     lines = [l for l in f if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") == "gpu__time_duration.sum":
         rows.append((r["Kernel Name"], float(r["Metric Value"].replace(",", "")) / 1e3))
+    elif r.get("Metric Name") in ("launch__grid_size", "launch__block_size"):
+        key = r["Kernel Name"].split("(")[0][:70]
+        grid.setdefault(key, {})[r["Metric Name"][8:12]] = r["Metric Value"].replace(",", "")
 if not rows:
     print(f"kernel_profile: ncu gave no kernel times (rc {rc})")
     sys.exit()
@@ -44,7 +47,9 @@ steps = max(1, sum(len(v) for k, v in per.items() if "loss_total_kernel" in k))
 print(f"kernel_profile: {prec} batch {batch}: {len(rows)} kernels, {total:.1f} us, "
       f"about {total / steps:.1f} us of device time per step over {steps} step(s)")
 for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
-    print(f"  {sum(v):9.1f} us  {len(v):4d} x {sum(v) / len(v):7.2f} us  {name}")
+    g = grid.get(name, {})
+    print(f"  {sum(v):9.1f} us  {len(v):4d} x {sum(v) / len(v):7.2f} us  "
+          f"grid {g.get('grid', '?')} x {g.get('bloc', '?')}  {name}")
 PY
 tail -n 3 "$out/ncu.err" | sed 's/^/  ncu: /'
 rm -rf "$out"

@@ -6,20 +6,27 @@
 # 2. libraries: the bundle's lib/ first; sonames the host still cannot resolve are taken from
 #    lib-extra.tar.xz, the host's CUDA directories or PyTorch's nvidia/* wheels
 # 3. every GPU test binary (gtest --gtest_brief=1; MPI tests at their ctest rank counts)
-# 4. locus-train on the GPU (gpu_train_bench.sh), 5. locus-infer on the GPU against h5py +
+# 4. locus-train on the GPU (gpu_train_bench.sh: Fashion-MNIST, the deep MLP, and SimpleNet on
+# a synthetic file that PyTorch trains on too), 5. locus-infer on the GPU against h5py +
 # PyTorch on a 1M-row file (infer_gpu_bench.py), 6. PyTorch on the GPU (torch_gpu_bench.py),
 # 7. counts.py with the measured peaks, and a short summary table last.
 # Without a GPU it says so, still runs the tests (they skip) and PyTorch's CPU smoke test.
 # Full logs go to $OUT (the device tool returns it; default /tmp/gpu-run-out), as 8 files:
 # summary.txt run.log tests.tar.gz locus.tar.gz gpu_train_bench.tsv infer_gpu_bench.tsv
-# torch_gpu_bench.jsonl counts.txt. Time: at most about 11.8 minutes (soft budgets per phase:
-# nothing new starts after them; hard limits: tests 210 s, locus 190 s, infer 150 s, PyTorch
-# 170 s), typically much less -- over the device tool's 10 minutes only if every phase runs to
-# its limit; where the
+# torch_gpu_bench.jsonl counts.txt. Time: at most about 11.8 minutes for the main phases (soft
+# budgets per phase: nothing new starts after them; hard limits: tests 210 s, locus 190 s,
+# infer 150 s, PyTorch 170 s; the deep MLP 120 s and SimpleNet 90 s on top), typically much less --
+# over the device tool's 10 minutes only if every phase runs to its limit; where the
 # tests need longer, run them alone (SKIP="locus torch") and the benchmarks in a second call:
 #   TEST_BUDGET_S=180 TEST_TIMEOUT=90 APP_TEST_TIMEOUT=240   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40
 #   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60 INFER_TIMEOUT=150 INFER_ROWS=1048576
-#   SKIP may also name "reducer" and "infer"
+#   SKIP may also name "reducer", "infer", "deep", "simplenet", "hostid", "monitors", "profile"
+#   SimpleNet 1024-512-10 Adam (after the deep MLP): SIMPLENET_ROWS=65536 (rows of the synthetic
+#   file, 1024 features; PyTorch's simplenet trains on it too) SIMPLENET_RUNS (gpu_train_bench.sh
+#   ROWS; default fp32, batch 64 and 4096, device cache and streamed) SIMPLENET_EPOCHS=10
+#   SIMPLENET_BUDGET_S=30 (soft) SIMPLENET_STEP_TIMEOUT=30 SIMPLENET_TIMEOUT=60 (hard; the
+#   file's writer has 30 s of its own). The cached runs hold the file in 1024 MiB of device
+#   memory: beyond about 250000 rows give SIMPLENET_RUNS with a larger cache_mb.
 #   LAUNCH=auto|direct|mpirun   PYTHON=python3   SKIP="tests locus torch" (phases to leave out)
 #   ROWS, EPOCHS, EXTRA: passed to gpu_train_bench.sh; TORCH_ARGS: extra torch_gpu_bench.py flags
 set -uo pipefail
@@ -214,7 +221,7 @@ if [[ $skip == *" locus "* ]]; then
   say "skipped (SKIP)"
 else
   lb=${LOCUS_BUDGET_S:-120} st=${STEP_TIMEOUT:-40}
-  BUDGET_S=$lb STEP_TIMEOUT=$st PYTHON=$py timeout -k 10 "$((lb + st + 30))" \
+  DATA='' TITLE='' BUDGET_S=$lb STEP_TIMEOUT=$st PYTHON=$py timeout -k 10 "$((lb + st + 30))" \
     "$here/gpu_train_bench.sh" "$bundle" "$work/locus" 2>&1 | tee -a "$log"
   cp "$work/locus/gpu_train_bench.tsv" "$out/" 2> /dev/null
   tar -C "$work" -czf "$out/locus.tar.gz" --exclude='*.h5' locus 2> /dev/null
@@ -229,9 +236,39 @@ elif ((gpu)); then
   ROWS=${DEEP_ROWS:-"cuda:bf16:4096:1024:true cuda:bf16:4096:0:true"} EPOCHS=${DEEP_EPOCHS:-6} \
     EXTRA="--model.widths=784,2048,2048,2048,2048,2048,2048,2048,10 --optim.optimizer=adamw
            --optim.lr=0.0003 --optim.weight_decay=0.01 --optim.clip_max_norm=0" \
+    DATA='' TITLE="deep MLP 784-2048x7-10 bf16 AdamW" \
     BUDGET_S=${DEEP_BUDGET_S:-40} STEP_TIMEOUT=${STEP_TIMEOUT:-40} PYTHON=$py \
     timeout -k 10 120 "$here/gpu_train_bench.sh" "$bundle" "$work/locus/deep" 2>&1 | tee -a "$log"
   rm -f "$work/locus/deep/train.h5"
+else
+  say "no GPU: not run"
+fi
+
+section "locus-train, SimpleNet 1024-512-10 Adam (gpu_train_bench.sh)"
+sn_data=$work/simplenet.h5
+if [[ $skip == *" simplenet "* ]]; then
+  say "skipped (SKIP)"
+elif ((gpu)); then
+  # The workload of torch_gpu_bench.py's simplenet (Adam lr 1e-3, betas 0.9/0.999, eps 1e-8, no
+  # weight decay, no clipping, ReLU, fp32 without tf32), batch 64 and 4096, device cache and
+  # streamed, on a synthetic file (make_simplenet_data.py: 1024 N(0, 1) features, labels of a
+  # fixed linear teacher, seed 1) that the PyTorch phase below reads too (--simplenet-data).
+  # The file (256 MiB at 65536 rows) stays under $work until the end.
+  timeout -k 5 30 "$py" "$here/make_simplenet_data.py" "$sn_data" --rows "${SIMPLENET_ROWS:-65536}" \
+    2>&1 | tee -a "$log"
+  if [[ -f $sn_data ]]; then
+    sb=${SIMPLENET_BUDGET_S:-30}
+    ROWS=${SIMPLENET_RUNS:-"cuda:fp32:64:1024:true cuda:fp32:4096:1024:true cuda:fp32:64:0:true cuda:fp32:4096:0:true"} \
+      EPOCHS=${SIMPLENET_EPOCHS:-10} DATA=$sn_data TITLE="SimpleNet 1024-512-10 Adam" \
+      EXTRA="--model.widths=1024,512,10 --model.activation=relu --optim.optimizer=adam
+             --optim.lr=0.001 --optim.beta1=0.9 --optim.beta2=0.999 --optim.eps=1e-08
+             --optim.weight_decay=0 --optim.clip_max_norm=0" \
+      BUDGET_S=$sb STEP_TIMEOUT=${SIMPLENET_STEP_TIMEOUT:-30} PYTHON=$py \
+      timeout -k 10 "${SIMPLENET_TIMEOUT:-60}" "$here/gpu_train_bench.sh" "$bundle" "$work/locus/simplenet" \
+      2>&1 | tee -a "$log"
+  else
+    say "make_simplenet_data.py wrote no file: not run"
+  fi
 else
   say "no GPU: not run"
 fi
@@ -263,7 +300,7 @@ else
   say "not run (no GPU or no dataset from the locus phase)"
 fi
 
-# locus.tar.gz (again, with the deep MLP's and the monitors' results)
+# locus.tar.gz (again, with the deep MLP's, SimpleNet's and the monitors' results)
 [[ -d $work/locus ]] && tar -C "$work" -czf "$out/locus.tar.gz" --exclude='*.h5' locus 2> /dev/null
 
 section "locus-infer on the GPU vs h5py + PyTorch (infer_gpu_bench.py)"
@@ -288,6 +325,8 @@ if [[ $skip == *" torch "* ]]; then
 else
   targs=(--out "$out/torch_gpu_bench.jsonl" --budget-s "${TORCH_BUDGET_S:-120}")
   ((gpu)) || targs+=(--device cpu --quick)
+  # simplenet on the rows locus-train's SimpleNet phase trained on
+  [[ -f $sn_data ]] && targs+=(--simplenet-data "$sn_data")
   # shellcheck disable=SC2206
   targs+=(${TORCH_ARGS:-})
   timeout -k 10 "$((${TORCH_BUDGET_S:-120} + 50))" "$py" "$here/torch_gpu_bench.py" "${targs[@]}" 2>&1 | tee -a "$log"
@@ -316,8 +355,11 @@ cat "$out/counts.txt" >> "$log"
 
 section "summary"
 "$py" "$here/summarize_gpu.py" --gpu "$gpu" --tests "$tests_tsv" --locus "$out/gpu_train_bench.tsv" \
-  --torch "$out/torch_gpu_bench.jsonl" > "$out/summary.txt" 2>> "$log" ||
-  { echo "summarize_gpu.py failed; raw tables:"; cat "$tests_tsv" "$out/gpu_train_bench.tsv"; } > "$out/summary.txt"
+  --torch "$out/torch_gpu_bench.jsonl" --simplenet "$work/locus/simplenet/gpu_train_bench.tsv" \
+  > "$out/summary.txt" 2>> "$log" ||
+  { echo "summarize_gpu.py failed; raw tables:"
+    cat "$tests_tsv" "$out/gpu_train_bench.tsv" "$work/locus/simplenet/gpu_train_bench.tsv" 2> /dev/null
+  } > "$out/summary.txt"
 if [[ -s $infer_line ]]; then
   { echo; echo "locus-infer on the GPU, end to end (HDF5 read to durable output) vs h5py + PyTorch CUDA:"
     cat "$infer_line"; } >> "$out/summary.txt"

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """The short summary run_gpu.sh prints last: GPU tests per binary, locus-train against PyTorch
 (eager, CUDA graphs, compile) on the Fashion-MNIST MLP with ratios, data wait, the streamed
-runs' host->device rate against the measured pinned peak, and PyTorch's other workloads.
+runs' host->device rate against the measured pinned peak; SimpleNet 1024-512-10 Adam the same
+way (run_gpu.sh's simplenet phase: locus-train cached and streamed against PyTorch eager and
+graph, both on the file make_simplenet_data.py wrote); and PyTorch's other workloads.
 
   summarize_gpu.py --gpu 0|1 --tests tests.tsv --locus gpu_train_bench.tsv --torch torch_gpu_bench.jsonl
+                   [--simplenet simplenet/gpu_train_bench.tsv]
 """
 import argparse
 import csv
@@ -106,6 +109,41 @@ def locus_part(rows, tidx, peaks):
     return lines
 
 
+def simplenet_part(rows, tidx, recs):
+    """SimpleNet: locus-train cached and streamed (graphs on) against PyTorch eager and graph."""
+    torch_sn = [r for r in recs if r.get("kind") == "train" and r.get("workload") == "simplenet"]
+    if not rows and not torch_sn:
+        return []
+    files = sorted({r.get("data") or "random data" for r in torch_sn if r.get("status") == "ok"})
+    same = "PyTorch on " + (", ".join(os.path.basename(f) for f in files) if files else "-")
+    lines = ["", f"SimpleNet 1024-512-10 Adam, samples/s: locus-train (cuda, graphs on; cached = device cache, "
+             f"stream = pinned host batches) vs PyTorch (resident data unless 'str'; {same})"]
+    lines.append(f"  {'prec':<5}{'batch':>6} {'L cached':>9}{'L stream':>9}{'wait%':>6} "
+                 f"{'T eager':>9}{'T graph':>9}{'T g-str':>9}  {'Lc/Te':>6}{'Lc/Tg':>6}{'Ls/Tgs':>7}")
+    loc = {}  # (precision, batch, cached?) of the cuda rows with graphs on
+    for r in rows:
+        if r["backend"] == "cuda" and r["graphs"] in ("true", "-") and r["batch"].isdigit():
+            loc[(r["precision"], int(r["batch"]), r["cache_mb"] != "0")] = r
+    keys = {k[:2] for k in loc} | {(r["precision"], r["batch"]) for r in torch_sn}
+    for prec, b in sorted(keys, key=lambda k: (k[0] != "fp32", k[0], k[1])):
+        lc, ls = loc.get((prec, b, True), {}), loc.get((prec, b, False), {})
+        c, st = num(lc.get("samples_per_s")), num(ls.get("samples_per_s"))
+        wait = num(ls.get("data_wait_fraction"))
+        t = {k: num(tidx.get(("simplenet", prec, b, f, m), {}).get("samples_per_s"))
+             for k, f, m in (("eager", "resident", "eager"), ("graph", "resident", "graph"),
+                             ("gstr", "stream", "graph"))}
+        lines.append(f"  {prec:<5}{b:>6} {fmt(c):>9}{fmt(st):>9}{fmt(wait and 100 * wait, '{:.1f}'):>6} "
+                     f"{fmt(t['eager']):>9}{fmt(t['graph']):>9}{fmt(t['gstr']):>9}  "
+                     f"{ratio(c, t['eager']):>6}{ratio(c, t['graph']):>6}{ratio(st, t['gstr']):>7}")
+    if not rows:
+        lines.append("  locus-train: not run (no GPU, SKIP, or the phase gave no table)")
+    fails = [r for r in rows if r["status"] != "ok"]
+    for r in fails[:2]:
+        lines.append(f"  locus row not ok: {r['backend']}:{r['precision']}:{r['batch']}:{r['cache_mb']} "
+                     f"{r['status']} {r.get('note', '')[:120]}")
+    return lines
+
+
 def torch_part(recs, tidx):
     lines = ["", "PyTorch, other workloads (samples/s; floor% = counts.py's device floor at the measured peaks / step time)"]
     seen = sorted({(k[0], k[1], k[2]) for k in tidx if k[0] != "fashion-mnist"})
@@ -136,6 +174,7 @@ def main():
     p.add_argument("--tests")
     p.add_argument("--locus")
     p.add_argument("--torch")
+    p.add_argument("--simplenet", help="gpu_train_bench.tsv of run_gpu.sh's simplenet phase")
     a = p.parse_args()
     recs = read_jsonl(a.torch)
     env = next((r for r in recs if r.get("kind") == "env"), {})
@@ -149,6 +188,7 @@ def main():
     out += tests_part(read_tsv(a.tests))
     tidx = torch_index(recs)
     out += locus_part(read_tsv(a.locus), tidx, peaks)
+    out += simplenet_part(read_tsv(a.simplenet), tidx, recs)
     out += torch_part(recs, tidx)
     print("\n".join(out))
 

@@ -23,6 +23,13 @@ on random data. Timing: CUDA events around N steps (N chosen so one repetition t
   torch_gpu_bench.py [--device cuda|cpu] [--quick] [--out FILE.jsonl] [--budget-s 300]
       [--workloads fashion-mnist,simplenet,deep-mlp] [--modes eager,graph,compile]
       [--feeds resident,stream] [--opt-impl default|foreach|fused] [--reps 5]
+      [--simplenet-data FILE.h5]
+
+The data is random (N(0, 1) features, uniform labels), except for simplenet with
+--simplenet-data: then its rows come from that HDF5 file's /features [N, D] float and /labels
+[N] integer (make_simplenet_data.py writes it; run_gpu.sh trains locus-train on the same file),
+all N rows unless --rows (or --quick) caps them; under --quick only the first (cut) width of
+the features is used.
 
 JSON lines to --out (one per peak, per timed run, per failure), a short table to stdout.
 `--device cpu --quick` is the smoke test for machines without a GPU (tiny sizes; graph mode is
@@ -58,7 +65,11 @@ def parse_args():
                    help="workload:precision:batch list that also runs compile mode, resident feed "
                         "only (it compiles for 20-60 s each); 'all' for every one")
     p.add_argument("--opt-impl", default="default", choices=["default", "foreach", "fused"])
-    p.add_argument("--rows", type=int, default=60000, help="dataset rows (Fashion-MNIST's 60000)")
+    p.add_argument("--rows", type=int, default=None,
+                   help="dataset rows (default Fashion-MNIST's 60000; with --simplenet-data: the "
+                        "file's, capped by this when given)")
+    p.add_argument("--simplenet-data", default="", metavar="FILE.h5",
+                   help="simplenet trains on this HDF5 file's /features and /labels instead of random data")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=20, help="steps before timing (and before capture)")
     p.add_argument("--rep-ms", type=float, default=60.0, help="target time of one repetition")
@@ -72,6 +83,9 @@ def parse_args():
     if a.quick:
         a.reps, a.warmup, a.rep_ms, a.max_steps, a.rows = 2, 2, 1.0, 3, 512
         a.budget_s = min(a.budget_s, 120.0)
+    a.data_rows = a.rows  # the cap on rows read from --simplenet-data (None: all of them)
+    if a.rows is None:
+        a.rows = 60000
     return a
 
 
@@ -179,8 +193,39 @@ def configs(a):
                 if (name, p, b) in seen:
                     continue
                 seen.add((name, p, b))
-                yield {"workload": name, "widths": w, "optimizer": opt, "batch": b, "precision": p,
+                cfg = {"workload": name, "widths": w, "optimizer": opt, "batch": b, "precision": p,
                        "full_batch": full}
+                if name == "simplenet" and a.simplenet_data:
+                    cfg["data"] = a.simplenet_data
+                yield cfg
+
+
+_LOADED = {}
+
+
+def load_rows(torch, path, rows, d, ncls):
+    """/features[:rows, :d] (float32) and /labels[:rows] (int64) of an HDF5 file as CPU tensors,
+    read once per (path, rows, d); labels must lie in [0, ncls)."""
+    key = (path, rows, d)
+    if key not in _LOADED:
+        import h5py
+        import numpy as np
+        with h5py.File(path, "r") as f:
+            if "features" not in f or "labels" not in f:
+                raise ValueError(f"{path}: needs datasets /features [N, D] and /labels [N] "
+                                 "(make_simplenet_data.py writes them)")
+            fx, fy = f["features"], f["labels"]
+            if fx.ndim != 2 or fy.ndim != 1 or fy.shape[0] != fx.shape[0] or fx.shape[1] < d:
+                raise ValueError(f"{path}: /features {fx.shape} and /labels {fy.shape}: need [N, >= {d}] "
+                                 f"and [N]")
+            n = fx.shape[0] if rows is None else min(rows, fx.shape[0])
+            x = np.ascontiguousarray(fx[:n, :d], dtype=np.float32)
+            y = fy[:n].astype(np.int64)
+        if n and (y.min() < 0 or y.max() >= ncls):
+            raise ValueError(f"{path}: labels span {y.min()}..{y.max()}; the model has {ncls} classes")
+        _LOADED.clear()  # one file's rows held at a time
+        _LOADED[key] = (torch.from_numpy(x), torch.from_numpy(y))
+    return _LOADED[key]
 
 
 def make_optimizer(torch, kind, params, impl, capturable):
@@ -242,23 +287,37 @@ class Feed:
     """Batches for step i: resident (gather on the device) or streamed from pinned host memory
     through two device slots filled on a copy stream one step ahead."""
 
-    def __init__(self, torch, dev, cfg, rows, kind):
+    def __init__(self, torch, dev, cfg, rows, kind, data_rows=None):
         self.torch, self.dev, self.kind = torch, dev, kind
         b, d = cfg["batch"], cfg["widths"][0]
         g = torch.Generator(device="cpu").manual_seed(0)
         ncls = cfg["widths"][-1]
-        rows = max(rows, 2 * b)
+        X = Y = None
+        if cfg.get("data"):  # the rows of a file (--simplenet-data) instead of random ones
+            X, Y = load_rows(torch, cfg["data"], data_rows, d, ncls)
+            rows = X.shape[0]
+            if rows < b:
+                raise ValueError(f"{cfg['data']}: {rows} rows, fewer than one batch of {b}")
+        else:
+            rows = max(rows, 2 * b)
         if kind == "resident":
-            self.X = torch.randn(rows, d, generator=g).to(dev)
-            self.Y = torch.randint(0, ncls, (rows,), generator=g).to(dev)
+            if X is None:
+                X = torch.randn(rows, d, generator=g)
+                Y = torch.randint(0, ncls, (rows,), generator=g)
+            self.X, self.Y = X.to(dev), Y.to(dev)
             nb = rows // b
             self.idx = torch.randperm(rows, generator=g)[: nb * b].view(nb, b).to(dev)
             self.static_idx = self.idx[0].clone()
         else:
             k = max(2, min(8, (256 << 20) // (b * d * 4)))  # host batches cycled through
             pin = dev.type == "cuda"
-            self.HX = torch.randn(k, b, d, generator=g)
-            self.HY = torch.randint(0, ncls, (k, b), generator=g)
+            if X is None:
+                self.HX = torch.randn(k, b, d, generator=g)
+                self.HY = torch.randint(0, ncls, (k, b), generator=g)
+            else:  # k batches of distinct rows of the file, as many as it holds
+                k = max(1, min(k, rows // b))
+                sel = torch.randperm(rows, generator=g)[: k * b]
+                self.HX, self.HY = X[sel].view(k, b, d), Y[sel].view(k, b)
             if pin:
                 self.HX, self.HY = self.HX.pin_memory(), self.HY.pin_memory()
             self.dX = [torch.empty(b, d, device=dev) for _ in range(2)]
@@ -476,7 +535,7 @@ def bench_config(torch, dev, a, run, cfg, peaks, modes, feeds):
                 capturable = mode == "graph" and cfg["optimizer"] != "sgd-nesterov"
                 opt = make_optimizer(torch, cfg["optimizer"], params, a.opt_impl, capturable)
                 if feed is None:
-                    feed = Feed(torch, dev, cfg, a.rows, feed_kind)
+                    feed = Feed(torch, dev, cfg, a.rows, feed_kind, a.data_rows)
                 if mode == "eager":
                     fn, _ = eager_runner(torch, model, opt, feed)
                 elif mode == "graph":
@@ -546,6 +605,10 @@ def table(run):
 
 def main():
     a = parse_args()
+    if a.simplenet_data and not os.path.isfile(a.simplenet_data):
+        print(f"torch_gpu_bench: --simplenet-data {a.simplenet_data}: no such file (write it with "
+              "make_simplenet_data.py, or leave the option out for random data)", file=sys.stderr)
+        return 2
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(a.threads))
     import torch  # noqa: E402  (after the thread variables on purpose)
@@ -559,7 +622,7 @@ def main():
     if dev.type == "cpu":
         torch.set_num_threads(a.threads)
     env = {"kind": "env", "torch": torch.__version__, "device": a.device, "quick": a.quick,
-           "python": sys.version.split()[0]}
+           "python": sys.version.split()[0], "simplenet_data": a.simplenet_data or None}
     if dev.type == "cuda":
         pr = torch.cuda.get_device_properties(0)
         env.update(gpu=pr.name, sms=pr.multi_processor_count, mem_GiB=round(pr.total_memory / 2**30, 1),

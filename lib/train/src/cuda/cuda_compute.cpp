@@ -179,6 +179,7 @@ CudaCompute::CudaCompute(const ComputeOptions& options, const DeviceInfo& device
   LOCUS_ASSERT(state.model.whole(),
                "the whole-model cuda backend trains whole models (a pipeline stage runs on "
                "cuda_layer_ops)");
+  matmul_.set_measure(options.measure_gemms);
   sync_from_host();
 }
 
@@ -372,6 +373,7 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   }
   // The loader may reuse the batch's host memory once we return.
   LOCUS_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
+  note_gemm_choices(matmul_, device_);
 }
 
 void CudaCompute::issue_update(bool clip) {

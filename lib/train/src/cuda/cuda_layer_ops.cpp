@@ -93,6 +93,7 @@ class CudaLayerOps final : public detail::LayerOps {
         stats_(1),
         host_stats_(1),
         host_sum_(1) {
+    matmul_.set_measure(options.measure_gemms);
     dstate_.sync_from_host(stream_.get());
   }
 
@@ -289,6 +290,7 @@ void CudaLayerOps::backward(detail::LayerActivations& base, std::span<const floa
   float* g = from_loss ? scratch_->out_grad.data() : a.bufs->grad_in.data();
   layers_.backward(params(), a.bufs->input.data(), *a.bufs, g, rows, accumulate, dx, *scratch_,
                    on_layer ? &on_layer : nullptr, s);
+  note_gemm_choices(matmul_, device_);
 }
 
 double CudaLayerOps::grad_sum_of_squares() {

@@ -32,6 +32,9 @@ struct DeviceModel::Impl {
         matmul(p), params(m.params().size()) {
     LOCUS_ASSERT(m.whole(), "a DeviceModel holds the whole model (not a pipeline stage)");
     LOCUS_ASSERT(rows >= 1, "a DeviceModel needs batches of at least one row");
+    // The heuristic's algorithms, never timed: a prediction file's bytes must not depend on
+    // which rank (process) scored a unit, and each would time its own candidates.
+    matmul.set_measure(false);
     LOCUS_CUDA_CHECK(cudaMemcpy(params.data(), m.params().data(), params.bytes(),
                                 cudaMemcpyHostToDevice));
     const bool bf16 = p == Precision::bf16;

@@ -1,14 +1,65 @@
-// cuBLASLt plans per GEMM shape: descriptors, layouts and one heuristic-chosen algorithm.
+// cuBLASLt plans per GEMM shape: descriptors, layouts and one algorithm, the heuristic's first
+// unless a measurement shows it pathological (below).
 #include "cuda/matmul.hpp"
+
+#include <cstdio>
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "cuda/device.hpp"
+
 namespace locus::train::cuda {
+
+namespace {
+
+// cuBLASLt's heuristic ranks candidates by a model that can be far off for small fp32 GEMMs
+// (measured on an H200: its first pick for the 784x256x128 weight gradient took 55 us where
+// others take ~8). So the first call of a shape times the heuristic's candidates on the real
+// operands and keeps the FIRST one (in the heuristic's order) within kSlowest of the fastest:
+// the heuristic's pick whenever it is not pathological. A threshold, not the fastest, so
+// that the choice (and with it the bits of every result) does not follow the timing noise of
+// near-equal candidates; chosen once per process and shape (every Matmul of the process
+// reuses it: two trainers in one process compute the same bits).
+constexpr int kCandidates = 8;
+constexpr double kSlowest = 2.5;
+constexpr int kTimedRuns = 5;
+
+struct ChoiceKey {
+  int device;
+  Precision precision;
+  GemmShape shape;
+  bool operator<(const ChoiceKey& o) const {
+    return std::tie(device, precision) < std::tie(o.device, o.precision) ||
+           (std::tie(device, precision) == std::tie(o.device, o.precision) && shape < o.shape);
+  }
+};
+
+std::mutex choices_mutex;
+std::map<ChoiceKey, cublasLtMatmulAlgo_t>& choices() {
+  static std::map<ChoiceKey, cublasLtMatmulAlgo_t> m;
+  return m;
+}
+
+int current_device() {
+  int d = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+}  // namespace
 
 struct Matmul::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, in its order
+  bool chosen = false;  // algo settled (measured, or taken from the process's choices)
   ~Plan() {
     if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
     if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
@@ -67,7 +118,7 @@ Matmul::Plan& Matmul::plan(const GemmShape& s) {
     // Split-K reductions in place use atomic counters in the workspace: excluded, so the
     // summation order of a shape never changes between runs.
     const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_MASK & ~CUBLASLT_REDUCTION_SCHEME_INPLACE;
-    cublasLtMatmulHeuristicResult_t result{};
+    std::array<cublasLtMatmulHeuristicResult_t, kCandidates> results{};
     int found = 0;
     cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
@@ -88,8 +139,8 @@ Matmul::Plan& Matmul::plan(const GemmShape& s) {
                                                 sizeof(std::uint32_t));
     }
     if (rc == CUBLAS_STATUS_SUCCESS) {
-      rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->op, p->a, p->b, p->d, p->d, pref, 1,
-                                          &result, &found);
+      rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->op, p->a, p->b, p->d, p->d, pref,
+                                          kCandidates, results.data(), &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     LOCUS_CUBLAS_CHECK(rc);
@@ -100,7 +151,14 @@ Matmul::Plan& Matmul::plan(const GemmShape& s) {
           to_string(precision_), s.m, s.n, s.k, s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N',
           s.lda, s.ldb, s.ldd, device_text()));
     }
-    p->algo = result.algo;
+    p->candidates.clear();
+    for (int i = 0; i < found; ++i) {
+      if (results[static_cast<std::size_t>(i)].state == CUBLAS_STATUS_SUCCESS) {
+        p->candidates.push_back(results[static_cast<std::size_t>(i)].algo);
+      }
+    }
+    LOCUS_ASSERT(!p->candidates.empty(), "cuBLASLt returned no usable algorithm");
+    p->algo = p->candidates.front();
   } catch (...) {
     delete p;
     throw;
@@ -113,6 +171,7 @@ void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, con
                  cudaStream_t stream, bool accumulate) {
   if (s.m == 0 || s.n == 0) return;
   Plan& p = plan(s);
+  if (!p.chosen) choose(s, p, a, b, stream);
   if (s.bias) {
     LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &bias, sizeof(bias)));
@@ -121,6 +180,97 @@ void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, con
   LOCUS_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,
                                     d, p.d, d, p.d, &p.algo, workspace_.data(), workspace_.bytes(),
                                     stream));
+}
+
+}  // namespace locus::train::cuda
+
+namespace locus::train::cuda {
+
+// Times one candidate: kTimedRuns launches into scratch after one untimed, the median in ms;
+// +inf when cuBLASLt refuses it for these operands.
+double Matmul::time_candidate(Plan& p, const cublasLtMatmulAlgo_t& algo,
+                              const void* a, const void* b, float* scratch, cudaStream_t stream) {
+  const float one = 1.0f, zero = 0.0f;
+  auto launch = [&] {
+    return cublasLtMatmul(handle_, p.op, &one, a, p.a, b, p.b, &zero, scratch, p.d, scratch, p.d,
+                          &algo, workspace_.data(), workspace_.bytes(), stream);
+  };
+  if (launch() != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<double>::infinity();
+  std::array<cudaEvent_t, 2> ev{};
+  LOCUS_CUDA_CHECK(cudaEventCreate(&ev[0]));
+  const cudaError_t made = cudaEventCreate(&ev[1]);
+  if (made != cudaSuccess) cudaEventDestroy(ev[0]);
+  LOCUS_CUDA_CHECK(made);
+  std::vector<double> ms;
+  bool ok = true;
+  for (int r = 0; r < kTimedRuns && ok; ++r) {
+    ok = cudaEventRecord(ev[0], stream) == cudaSuccess && launch() == CUBLAS_STATUS_SUCCESS &&
+         cudaEventRecord(ev[1], stream) == cudaSuccess && cudaEventSynchronize(ev[1]) == cudaSuccess;
+    float t = 0;
+    ok = ok && cudaEventElapsedTime(&t, ev[0], ev[1]) == cudaSuccess;
+    ms.push_back(t);
+  }
+  cudaEventDestroy(ev[0]);
+  cudaEventDestroy(ev[1]);
+  if (!ok) {
+    (void)cudaGetLastError();  // a refused launch is not the stream's error
+    return std::numeric_limits<double>::infinity();
+  }
+  std::nth_element(ms.begin(), ms.begin() + kTimedRuns / 2, ms.end());
+  return ms[kTimedRuns / 2];
+}
+
+void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
+                    cudaStream_t stream) {
+  const ChoiceKey key{current_device(), precision_, s};
+  {
+    const std::lock_guard lock(choices_mutex);
+    if (auto it = choices().find(key); it != choices().end()) {
+      p.algo = it->second;
+      p.chosen = true;
+      return;
+    }
+  }
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LOCUS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone || p.candidates.size() < 2 || !measure_) {
+    p.chosen = capturing == cudaStreamCaptureStatusNone;  // a capture measures nothing
+    if (p.chosen) {
+      const std::lock_guard lock(choices_mutex);
+      choices().emplace(key, p.algo);
+    }
+    return;
+  }
+  DeviceBuffer<float> scratch(static_cast<std::size_t>(s.ldd) * static_cast<std::size_t>(s.n));
+  std::vector<double> ms;
+  for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
+    ms.push_back(time_candidate(p, algo, a, b, scratch.data(), stream));
+  }
+  const double best = *std::min_element(ms.begin(), ms.end());
+  std::size_t pick = 0;
+  while (pick + 1 < ms.size() && !(ms[pick] <= kSlowest * best)) ++pick;
+  p.algo = p.candidates[pick];
+  p.chosen = true;
+  if (pick != 0) {
+    choice_notes_.push_back(fmt::format(
+        "{} GEMM m={} n={} k={} ({}{}): cuBLASLt's first algorithm took {:.1f} us, the fastest of "
+        "{} {:.1f} us: candidate {} ({:.1f} us) taken",
+        to_string(precision_), s.m, s.n, s.k, s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N',
+        ms[0] * 1e3, ms.size(), best * 1e3, pick, ms[pick] * 1e3));
+  }
+  const std::lock_guard lock(choices_mutex);
+  const auto [it, fresh] = choices().emplace(key, p.algo);
+  if (!fresh) p.algo = it->second;  // another thread of the process chose first: share it
+}
+
+}  // namespace locus::train::cuda
+
+namespace locus::train::cuda {
+
+void note_gemm_choices(Matmul& matmul, const DeviceInfo& device) {
+  for (const std::string& note : matmul.take_choice_notes()) {
+    fmt::print(stderr, "note: GPU {} ({}): {}\n", device.index, device.name, note);
+  }
 }
 
 }  // namespace locus::train::cuda

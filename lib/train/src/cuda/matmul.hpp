@@ -5,9 +5,12 @@
 //   forward  Z[b, out]  = X[b, in] W^T      as  Z^T = op_T(W) X^T      (m out, n b,  k in)
 //   weights  dW[out, in] = dZ^T X          as  dW^T = X^T op_T(dZ^T)  (m in,  n out, k b)
 //   inputs   dX[b, in]  = dZ W             as  dX^T = W^T dZ^T        (m in,  n b,  k out)
-// One descriptor set and one algorithm per shape, chosen once by cuBLASLt's heuristic with a
-// fixed workspace and never changed (deterministic: the same algorithm gives the same bits),
-// excluding in-place (atomic-counter) split-K reductions.
+// One descriptor set and one algorithm per shape, chosen once with a fixed workspace and never
+// changed (deterministic: the same algorithm gives the same bits), excluding in-place
+// (atomic-counter) split-K reductions: cuBLASLt's heuristic's first pick, unless timing its
+// candidates on the first call shows that pick more than 2.5x slower than the fastest (then
+// the first candidate in its order within that bound; once per process and shape, see
+// matmul.cpp).
 #pragma once
 
 #include <cublasLt.h>
@@ -17,6 +20,8 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "cuda/memory.hpp"
 #include "locus/train/model/precision.hpp"
@@ -62,17 +67,32 @@ class Matmul {
            cudaStream_t stream, bool accumulate = false);
 
   Precision precision() const noexcept { return precision_; }
+  // Off: the heuristic's first pick, never timed (train.gemm_select = heuristic).
+  void set_measure(bool on) noexcept { measure_ = on; }
+  // One line per shape whose heuristic pick was replaced (for the log), taken once.
+  std::vector<std::string> take_choice_notes() { return std::exchange(choice_notes_, {}); }
   // "cuBLASLt 130000" for checkpoint provenance.
   static std::string version();
 
  private:
   struct Plan;
   Plan& plan(const GemmShape& shape);
+  void choose(const GemmShape& shape, Plan& p, const void* a, const void* b, cudaStream_t stream);
+  double time_candidate(Plan& p, const cublasLtMatmulAlgo_t& algo,
+                        const void* a, const void* b, float* scratch, cudaStream_t stream);
 
   Precision precision_;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<std::uint8_t> workspace_;
   std::map<GemmShape, Plan*> plans_;
+  bool measure_ = true;
+  std::vector<std::string> choice_notes_;
 };
+
+struct DeviceInfo;  // device.hpp
+
+// Prints each of the matmul's new choice notes to stderr, naming the device (the process's
+// own lines: every rank measures its own shapes).
+void note_gemm_choices(Matmul& matmul, const DeviceInfo& device);
 
 }  // namespace locus::train::cuda

@@ -381,10 +381,12 @@ const LoadedBatch* Loader::Impl::next_threaded() {
   }
   if (error) std::rethrow_exception(error);
   // The freed buffer may be work for a sleeping producer. It is woken outside the lock (so it
-  // does not block on m at once), and not at all while it works: it looks at the pool before
-  // it sleeps.
-  bool wake = producer_idle;
-  producer_idle = false;
+  // does not block on m at once), not at all while it works (it looks at the pool before it
+  // sleeps), and only once the ring is down to half its depth: then it refills several
+  // buffers per wake-up instead of one per step (a wake-up is a system call on this thread,
+  // the one that launches the device's next step). An empty ring always wakes it.
+  bool wake = producer_idle && ready.size() <= static_cast<std::size_t>(opts.prefetch_depth / 2);
+  if (wake) producer_idle = false;
   const auto unlock_and_wake = [&] {
     lk.unlock();
     if (wake) cv.notify_all();

@@ -40,6 +40,7 @@ struct ComputeOptions {
   Precision precision = Precision::fp32;
   int device = -1;              // cuda: -1 = node-local rank modulo the visible devices
   bool graphs = true;           // cuda: replay each step shape from a captured CUDA graph
+  bool measure_gemms = true;    // cuda: time cuBLASLt's candidates once per shape (matmul.hpp)
 };
 
 // ConfigError naming what this build and host have when the backend cannot run here (cuda in
