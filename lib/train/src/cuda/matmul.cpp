@@ -21,13 +21,19 @@ namespace {
 // cuBLASLt's heuristic ranks candidates by a model that can be far off for small fp32 GEMMs
 // (measured on an H200: its first pick for the 784x256x128 weight gradient took 55 us where
 // others take ~8). So the first call of a shape times the heuristic's candidates on the real
-// operands and keeps the FIRST one (in the heuristic's order) within kSlowest of the fastest:
-// the heuristic's pick whenever it is not pathological. A threshold, not the fastest, so
-// that the choice (and with it the bits of every result) does not follow the timing noise of
-// near-equal candidates; chosen once per process and shape (every Matmul of the process
-// reuses it: two trainers in one process compute the same bits).
+// operands and keeps the heuristic's pick unless it is pathological: over kSlowest times the
+// fastest candidate AND slower by kMinSaving or more. Then it takes the FIRST candidate (in
+// the heuristic's order) within kPickWithin of the fastest. Thresholds, not the fastest, so that
+// the choice (and with it the bits of every result) does not follow the timing noise of
+// near-equal candidates: the times of small GEMMs are mostly launch latency, and a
+// replacement must save far more than their noise (an H200's pathological picks took 55-63 us
+// against 12-16 for the one taken; the small shapes of the tests differ by under 10 us and
+// keep the heuristic's pick). Chosen once per process and shape: every Matmul of the process
+// reuses it, so two trainers in one process compute the same bits.
 constexpr int kCandidates = 8;
 constexpr double kSlowest = 2.5;
+constexpr double kPickWithin = 1.5;
+constexpr double kMinSavingMs = 0.020;
 constexpr int kTimedRuns = 5;
 
 struct ChoiceKey {
@@ -186,7 +192,7 @@ void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, con
 
 namespace locus::train::cuda {
 
-// Times one candidate: kTimedRuns launches into scratch after one untimed, the median in ms;
+// Times one candidate: kTimedRuns launches into scratch after one untimed, the fastest in ms;
 // +inf when cuBLASLt refuses it for these operands.
 double Matmul::time_candidate(Plan& p, const cublasLtMatmulAlgo_t& algo,
                               const void* a, const void* b, float* scratch, cudaStream_t stream) {
@@ -216,8 +222,7 @@ double Matmul::time_candidate(Plan& p, const cublasLtMatmulAlgo_t& algo,
     (void)cudaGetLastError();  // a refused launch is not the stream's error
     return std::numeric_limits<double>::infinity();
   }
-  std::nth_element(ms.begin(), ms.begin() + kTimedRuns / 2, ms.end());
-  return ms[kTimedRuns / 2];
+  return *std::min_element(ms.begin(), ms.end());
 }
 
 void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
@@ -247,8 +252,10 @@ void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
     ms.push_back(time_candidate(p, algo, a, b, scratch.data(), stream));
   }
   const double best = *std::min_element(ms.begin(), ms.end());
-  std::size_t pick = 0;
-  while (pick + 1 < ms.size() && !(ms[pick] <= kSlowest * best)) ++pick;
+  std::size_t pick = 0;  // a candidate refused by cuBLASLt times +inf
+  if (!(ms[0] <= kSlowest * best) && !(ms[0] - best < kMinSavingMs)) {
+    while (!(ms[pick] <= kPickWithin * best)) ++pick;  // stops at the fastest at the latest
+  }
   p.algo = p.candidates[pick];
   p.chosen = true;
   if (pick != 0) {

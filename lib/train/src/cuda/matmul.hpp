@@ -8,9 +8,9 @@
 // One descriptor set and one algorithm per shape, chosen once with a fixed workspace and never
 // changed (deterministic: the same algorithm gives the same bits), excluding in-place
 // (atomic-counter) split-K reductions: cuBLASLt's heuristic's first pick, unless timing its
-// candidates on the first call shows that pick more than 2.5x slower than the fastest (then
-// the first candidate in its order within that bound; once per process and shape, see
-// matmul.cpp).
+// candidates on the first call shows that pick more than 2.5x and 20 us slower than the
+// fastest (then the first candidate in its order within 1.5x of it; once per process and
+// shape, see matmul.cpp).
 #pragma once
 
 #include <cublasLt.h>
