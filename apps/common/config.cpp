@@ -119,9 +119,9 @@ std::string format_double(double v) {
 
 void add_watchdog_option(Config& c, const std::string& key, double& target) {
   c.add(key, target,
-        "abort the job (exit 70) when a rank makes no progress for this many seconds, naming "
-        "the rank and the operation it waits in (0: off; time stopped by SIGSTOP does not "
-        "count)",
+        "abort the job (exit 70; exit 5 when stuck closing an output) when a rank makes no "
+        "progress for this many seconds, naming the rank and the operation it waits in (0: "
+        "off; time stopped by SIGSTOP does not count)",
         in_range(0.0, 1e9));
 }
 

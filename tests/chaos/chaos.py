@@ -69,11 +69,7 @@ RERUNS = 4            # reruns after a fault before the job counts as lost
 RUN_TIMEOUT_S = int(os.environ.get("LOCUS_CHAOS_RUN_TIMEOUT", "180"))  # one app run (a hang beyond it is a violation)
 # Write-fault cases that expose a defect not fixed yet (docs/RELIABILITY.md, "Open defects"):
 # run by every campaign (--write-faults) and by --write-fault-case, left out of --ci.
-KNOWN_OPEN = {
-    "ingest append: ENOSPC writing the new rows, rank 1 only":
-        "intermittent hang in the collective write when only rank 1's pwritev fails "
-        "(seen 1 of 3 CI runs on 2026-11-25)",
-}
+KNOWN_OPEN: dict[str, str] = {}
 LAUNCHER_GRACE_S = 15  # mpirun still running this long after its last rank ended: killed, noted
 ORPHAN_WAIT_S = 20    # after SIGKILL of mpirun: how long its orphaned ranks may take to go
 
@@ -474,6 +470,9 @@ csv_label = label
 normalize = standardize
 num_classes = 4
 chunk_rows = 256
+# A write that fails on one rank only can leave HDF5's collective close stuck (docs/
+# RELIABILITY.md): the watchdog must end it with exit 5 well within RUN_TIMEOUT_S.
+watchdog_s = 30
 
 [gates]
 features = 16

@@ -1,7 +1,12 @@
 // Every rank agrees on one verdict: the lowest failing rank's error kind and message.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <chrono>
+#include <thread>
+
 #include "locus/comm/agree.hpp"
+#include "locus/comm/quiet_wait.hpp"
 
 using namespace locus;
 
@@ -37,4 +42,35 @@ TEST(Agree, LowestFailingRankWins) {
   } catch (const GateError&) {
     FAIL() << "rank 0's error must win";
   }
+}
+
+// allreduce_max_within: what a rank whose part of a collective write failed uses to learn, with
+// a deadline, whether its peers failed too (lib/io, settle_collective_write).
+TEST(AllreduceMaxWithin, GivesEachElementsMaximum) {
+  mpi::Comm world = mpi::Comm::world();
+  std::array<int, 3> v{world.rank(), -world.rank(), world.rank() == 0 ? 7 : -1};
+  ASSERT_TRUE(comm::allreduce_max_within(world, v, 0.0));
+  EXPECT_EQ(v[0], world.size() - 1);
+  EXPECT_EQ(v[1], 0);
+  EXPECT_EQ(v[2], 7);
+}
+
+TEST(AllreduceMaxWithin, GivesUpWhenAPeerDoesNotComeInTime) {
+  mpi::Comm world = mpi::Comm::world();
+  if (world.size() == 1) GTEST_SKIP() << "needs a peer that is late";
+  std::array<int, 2> v{world.rank(), 1};
+  if (world.rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // late, but it comes
+    ASSERT_TRUE(comm::allreduce_max_within(world, v, 0.0));  // no deadline: waits for them
+    EXPECT_EQ(v[0], world.size() - 1);
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(comm::allreduce_max_within(world, v, 0.2));
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GE(waited, 0.2);
+    EXPECT_LT(waited, 1.4) << "it must not wait for the late rank";
+    EXPECT_EQ(v[0], world.rank()) << "values stay as given when nobody answered";
+  }
+  comm::quiet_barrier(world);  // the abandoned requests complete once rank 0 has joined
 }

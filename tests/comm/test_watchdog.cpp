@@ -51,6 +51,33 @@ TEST(Watchdog, FiresNamingTheOperationAndTheKey) {
   EXPECT_NE(fired.message.find("HINT"), std::string::npos) << fired.message;
 }
 
+// Stuck while completing the writes of an output (closing it): the message names the file and
+// the failed-write cause, and says exit 5; a later plain mark forgets the file.
+TEST(Watchdog, FiresNamingTheOutputWhileWritingIt) {
+  Fired fired;
+  {
+    comm::Watchdog w(0.3, "ingest.watchdog_s", fired.fn(), 10ms);
+    comm::mark_progress_writing("closing '/x/.data.h5.locus-tmp'", "/x/.data.h5.locus-tmp");
+    for (int i = 0; i < 300 && fired.count == 0; ++i) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(fired.count, 1);
+  EXPECT_NE(fired.message.find("cannot write '/x/.data.h5.locus-tmp'"), std::string::npos)
+      << fired.message;
+  EXPECT_NE(fired.message.find("exit 5"), std::string::npos) << fired.message;
+  EXPECT_NE(fired.message.find("(ingest.watchdog_s = 0.3)"), std::string::npos) << fired.message;
+
+  Fired plain;
+  {
+    comm::Watchdog w(0.3, "ingest.watchdog_s", plain.fn(), 10ms);
+    comm::mark_progress_writing("closing 'a.h5'", "a.h5");
+    comm::progress("collective read of {}", "b.h5");
+    for (int i = 0; i < 300 && plain.count == 0; ++i) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(plain.count, 1);
+  EXPECT_EQ(plain.message.find("cannot write"), std::string::npos) << plain.message;
+  EXPECT_NE(plain.message.find("exit 70"), std::string::npos) << plain.message;
+}
+
 TEST(Watchdog, ProgressKeepsItQuiet) {
   Fired fired;
   {

@@ -19,7 +19,6 @@ int exit_code_for(ErrorKind kind) noexcept {
   }
 }
 
-namespace {
 [[noreturn]] void abort_job(const std::string& what, int code) {
   std::fprintf(stderr, "[rank %d/%d %s] error: %s\n", mpi::world_rank(), mpi::world_size(),
                mpi::hostname().c_str(), what.c_str());
@@ -27,7 +26,6 @@ namespace {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort should not return
 }
-}  // namespace
 
 int run_app(int argc, char** argv, const std::function<int(mpi::Comm&)>& body,
             int thread_level) {

@@ -3,6 +3,10 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 #include "locus/comm/error.hpp"
 
 namespace locus::comm {
@@ -15,6 +19,31 @@ void quiet_barrier(const mpi::Comm& comm) {
   while (true) {
     LOCUS_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done != 0) return;
+    const timespec pause{0, 200'000};
+    ::nanosleep(&pause, nullptr);
+  }
+}
+
+bool allreduce_max_within(const mpi::Comm& comm, std::span<int> values, double seconds) {
+  if (comm.size() == 1 || values.empty()) return true;
+  // The result lands in a buffer of its own: on a timeout the request still owns it.
+  static thread_local std::vector<int> out;
+  out.assign(values.size(), 0);
+  MPI_Request req = MPI_REQUEST_NULL;
+  LOCUS_MPI_CHECK(MPI_Iallreduce(values.data(), out.data(), static_cast<int>(values.size()),
+                                 MPI_INT, MPI_MAX, comm.get(), &req));
+  const auto start = std::chrono::steady_clock::now();
+  int done = 0;
+  while (true) {
+    LOCUS_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done != 0) {
+      std::copy(out.begin(), out.end(), values.begin());
+      return true;
+    }
+    if (seconds > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                               .count() > seconds) {
+      return false;
+    }
     const timespec pause{0, 200'000};
     ::nanosleep(&pause, nullptr);
   }

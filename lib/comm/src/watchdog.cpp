@@ -29,6 +29,7 @@ struct Watchdog::State {
   std::atomic<std::uint64_t> marks{0};
   std::mutex mutex;
   std::string what = "start-up";
+  std::string writing;  // the output being written when marked by mark_progress_writing
   // Stop request for the thread.
   std::mutex stop_mutex;
   std::condition_variable stop_cv;
@@ -42,16 +43,34 @@ std::atomic<bool> g_armed{false};
 std::mutex g_mutex;  // guards g_state
 std::shared_ptr<Watchdog::State> g_state;
 
+// The exit code of the message being fired: io when it names an output being written.
+std::atomic<int> g_fire_code{exit_code::internal};
+
 [[noreturn]] void abort_job(const std::string& message) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
   // From this thread while the main thread may sit inside MPI: Open MPI's abort goes through
   // the runtime's own channel to mpirun (tested under FUNNELED in tests/apps).
-  MPI_Abort(MPI_COMM_WORLD, exit_code::internal);
-  std::_Exit(exit_code::internal);
+  const int code = g_fire_code.load();
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
-std::string message_for(const Watchdog::State& s, double idle_s, const std::string& what) {
+std::string message_for(const Watchdog::State& s, double idle_s, const std::string& what,
+                        const std::string& writing) {
+  if (!writing.empty()) {
+    return fmt::format(
+        "[rank {}/{} {}] watchdog: no progress for {:.0f} s in {} ({} = {:g}): cannot write "
+        "'{}': the file system did not complete the writes of this rank or of a peer (a write "
+        "that failed on one rank only -- disk full, over quota, an I/O error -- leaves the "
+        "others waiting in HDF5's collective metadata flush; or the file system hangs); the "
+        "job is aborted with exit {} and nothing is published. HINT: look at the other "
+        "ranks' lines above for a failed write (e.g. 'mca_fbtl_posix_pwritev: error in "
+        "writev: No space left on device'), free space or choose another output path, then "
+        "rerun; raise {} if this legitimately takes longer",
+        mpi::world_rank(), mpi::world_size(), mpi::hostname(), idle_s, what, s.key,
+        s.timeout_s, writing, exit_code::io, s.key);
+  }
   return fmt::format(
       "[rank {}/{} {}] watchdog: no progress for {:.0f} s in {} ({} = {:g}): this rank or a "
       "peer it waits for is stuck (a hung file system, a deadlock, or a rank stopped or "
@@ -83,12 +102,14 @@ void watch(Watchdog::State& s) {
       continue;
     }
     if (idle > limit) {
-      std::string what;
+      std::string what, writing;
       {
         std::lock_guard g(s.mutex);
         what = s.what;
+        writing = s.writing;
       }
-      s.fire(message_for(s, std::chrono::duration<double>(idle).count(), what));
+      g_fire_code.store(writing.empty() ? exit_code::internal : exit_code::io);
+      s.fire(message_for(s, std::chrono::duration<double>(idle).count(), what, writing));
       return;  // a test's fire function returns; the default one never does
     }
   }
@@ -141,6 +162,22 @@ void mark_progress(std::string_view what) {
   {
     std::lock_guard g(s->mutex);
     s->what.assign(what);
+    s->writing.clear();
+  }
+  s->marks.fetch_add(1);
+}
+
+void mark_progress_writing(std::string_view what, std::string_view path) {
+  std::shared_ptr<Watchdog::State> s;
+  {
+    std::lock_guard g(g_mutex);
+    s = g_state;
+  }
+  if (!s) return;
+  {
+    std::lock_guard g(s->mutex);
+    s->what.assign(what);
+    s->writing.assign(path);
   }
   s->marks.fetch_add(1);
 }

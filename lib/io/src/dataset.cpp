@@ -1,10 +1,11 @@
 // Collective hyperslab transfers of row ranges, dataset creation with chunking/filters.
 #include "locus/io/dataset.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
-
-#include <fmt/format.h>
+#include <exception>
 
 namespace locus::h5 {
 
@@ -275,9 +276,18 @@ void Dataset::transfer(bool write, std::span<const RowRange> ranges, std::size_t
     }
     void* buf = bytes + r0 * width * esize;
     if (write) {
-      LOCUS_H5_WRITE_CHECK(detail::file_of(id_.get()),
-                           H5Dwrite(id_.get(), native_type(memtype), memspace.get(),
-                                    filespace.get(), dxpl.get(), buf));
+      const herr_t rc = H5Dwrite(id_.get(), native_type(memtype), memspace.get(),
+                                 filespace.get(), dxpl.get(), buf);
+      std::exception_ptr own;  // this rank's error, naming the file, with its error stack
+      if (rc < 0) {
+        try {
+          detail::h5_write_fail("H5Dwrite (collective)",
+                                [&] { return detail::file_of(id_.get()); }, __FILE__, __LINE__);
+        } catch (...) {
+          own = std::current_exception();
+        }
+      }
+      detail::settle_collective_write(comm_, own, detail::file_of(id_.get()));
     } else {
       LOCUS_H5_CHECK(H5Dread(id_.get(), native_type(memtype), memspace.get(), filespace.get(),
                              dxpl.get(), buf));

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "locus/comm/agree.hpp"
+#include "locus/comm/watchdog.hpp"
 
 namespace locus::h5 {
 
@@ -117,6 +118,11 @@ void File::close() {
   LOCUS_ASSERT(open_objects == 0,
                fmt::format("'{}' closed with {} datasets/groups still open; destroy them first",
                            path_, open_objects));
+  // A metadata write that fails on one rank only leaves the ranks in mismatched collectives
+  // inside HDF5's close (rank 0 in the metadata cache's flush barrier, rank 1 in the driver's
+  // truncate broadcast; HDF5 1.10 returns to neither): the watchdog names the file and ends
+  // the job with exit 5 when the close makes no progress.
+  comm::mark_progress_writing(fmt::format("closing '{}'", path_), path_);
   const hid_t id = id_.release();
   LOCUS_H5_WRITE_CHECK(path_, H5Fclose(id));
 }

@@ -3,7 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <chrono>
 #include <mutex>
+#include <thread>
+
+#include "locus/comm/app.hpp"
+#include "locus/comm/quiet_wait.hpp"
 
 namespace locus::h5 {
 
@@ -88,6 +94,34 @@ void h5_write_fail(const char* call, const std::function<std::string()>& name, c
   }
   throw H5Error(fmt::format("{} failed on '{}' at {}{}{}", call, path, where(file, line),
                             stack.empty() ? "" : "; HDF5 error stack:", stack));
+}
+
+void settle_collective_write(const mpi::Comm& comm, std::exception_ptr own,
+                             const std::string& path) {
+  constexpr double kPeerWaitS = 30.0;  // peers normally come out within milliseconds
+  std::array<int, 2> status{own ? comm.rank() : -1, own ? 0 : 1};  // a failed rank, any ok
+  const bool heard = comm::allreduce_max_within(comm, status, own ? kPeerWaitS : 0.0);
+  if (!own && status[0] < 0) return;
+  if (own && heard && status[1] == 0) std::rethrow_exception(own);  // every rank failed
+  if (own) {
+    try {
+      std::rethrow_exception(own);
+    } catch (const Error& e) {
+      abort_job(heard ? std::string(e.what())
+                      : fmt::format("{} (the other ranks did not come out of the collective "
+                                    "write within {:.0f} s)",
+                                    e.what(), kPeerWaitS),
+                exit_code_for(e.kind()));
+    }
+  }
+  // The failed rank's MPI_Abort ends this process in a moment.
+  std::this_thread::sleep_for(std::chrono::duration<double>(kPeerWaitS));
+  abort_job(fmt::format("cannot write '{}': rank {}'s part of a collective write failed (its "
+                        "message names the cause: disk full, over quota or an I/O error); "
+                        "nothing is published; free space or choose another output path, "
+                        "then rerun",
+                        path, status[0]),
+            exit_code::io);
 }
 }  // namespace detail
 

@@ -21,6 +21,10 @@ inline constexpr int requeue = 75;      // checkpointed after a preemption signa
 
 int exit_code_for(ErrorKind kind) noexcept;
 
+// Prints "[rank r/n host] error: what" and ends the whole job with MPI_Abort(code): for a rank
+// that cannot count on its peers joining another collective (they may be stuck in one it left).
+[[noreturn]] void abort_job(const std::string& what, int code);
+
 // Runs body(world) inside an mpi::Environment. An agreed locus::Error (same on all ranks) is
 // printed once by rank 0 and returns its documented exit code after MPI_Finalize; any other
 // exception prints "[rank r/n host] error: ..." and calls MPI_Abort with the matching code, so

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <exception>
+#include <span>
 #include <utility>
 
 #include "locus/comm/agree.hpp"
@@ -20,6 +21,12 @@ namespace locus::comm {
 // Collective over comm: a barrier whose waiting ranks sleep between polls (MPI_Ibarrier, tested
 // every 200 µs) instead of spinning.
 void quiet_barrier(const mpi::Comm& comm);
+
+// Collective over comm: each element of values replaced by its maximum over the ranks, polled
+// with sleeps like quiet_barrier. With seconds > 0, gives up after that long and returns false
+// (values unchanged, the request left behind: for a rank about to abort the job because its
+// peers are stuck elsewhere).
+bool allreduce_max_within(const mpi::Comm& comm, std::span<int> values, double seconds);
 
 // Collective over comm: rank 0 runs fn (an fsync, say) while the other ranks wait in
 // quiet_barrier; an error thrown by fn is re-thrown, agreed, on every rank.

@@ -51,6 +51,10 @@ bool watchdog_armed() noexcept;
 // Marks progress and names the operation now entered; thread-safe. Without an armed
 // watchdog it does nothing.
 void mark_progress(std::string_view what);
+// mark_progress for an operation that completes writes of the output `path` (closing it): if
+// the watchdog fires in it, its message names the file and says that a write failed or hangs,
+// and the job ends with exit 5 ("an output could not be written") instead of 70.
+void mark_progress_writing(std::string_view what, std::string_view path);
 
 // mark_progress with a fmt format; the text is formatted only when a watchdog is armed.
 template <class... Args>

@@ -5,11 +5,13 @@
 
 #include <hdf5.h>
 
+#include <exception>
 #include <functional>
 #include <string>
 
 #include "locus/comm/error.hpp"
 #include "locus/comm/handle.hpp"
+#include "locus/comm/mpi.hpp"
 
 namespace locus::h5 {
 
@@ -40,6 +42,19 @@ namespace detail {
                                 const char* file, int line);
 // The name of the file an HDF5 object belongs to ("?" when it cannot be had).
 std::string file_of(hid_t obj);
+// Collective over comm, right after a collective HDF5 write (a dataset's piece, a flush) that
+// may have failed on some ranks only; own: this rank's error (null: it succeeded), path: the
+// file. Every rank learns of a failure here, before any goes on into the next collective,
+// where it would wait for the failed rank forever. When every rank failed, each rethrows its
+// own error (the caller agrees them). When only some did, the job ends here by MPI_Abort with
+// the error's exit code: HDF5's state then differs between the ranks, so even a collective
+// close hangs in mismatched internal collectives (seen: rank 0 in the metadata cache's flush
+// barrier, rank 1 in the driver's truncate broadcast); callers write temporary files, which
+// the next run removes, so nothing is published. The failed rank's peers may still be inside
+// the collective (an exchange of Open MPI's two-phase write, the metadata flush's barrier):
+// it waits 30 s for them at most.
+void settle_collective_write(const mpi::Comm& comm, std::exception_ptr own,
+                             const std::string& path);
 }
 
 }  // namespace locus::h5
