@@ -134,7 +134,7 @@ cp "$repo"/bench/gpu/*.py "$repo"/bench/gpu/*.sh "$out/scripts/"
   echo "gpu tests ($ntests binaries, $nscripts app scripts): $(cut -f1,3 "$manifest" | tr '\t\n' ': ' )"
   echo "lib: $(ls "$out/lib" | tr '\n' ' ')"
   echo "lib-extra: $(ls "$extra" | tr '\n' ' ')"
-  echo "cuda libraries the binaries expect from the host: $(for b in $bins; do ldd "$b"; done | awk '$1 ~ /^lib(cudart|cublas|nccl|cuda)/ {print $1}' | sort -u | tr '\n' ' ')"
+  echo "cuda libraries the binaries expect from the host: $(for b in $bins; do ldd "$b"; done | awk '$1 ~ /^lib(cudart|cublas|nccl|cuda)/ {print $1}' | sort -u | tr '\n' ' ')libcublasLt.so.13 (opened at run time)"
 } > "$out/MANIFEST"
 cat "$out/MANIFEST"
 size_kb=$(du -sk "$out" | cut -f1)

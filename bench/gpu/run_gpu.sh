@@ -70,8 +70,19 @@ cuda_dirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib
 export LD_LIBRARY_PATH=$bundle/lib:$fill:${cuda_dirs}${LD_LIBRARY_PATH:-}
 bins=$(find "$bundle/apps" "$bundle/tests" "$bundle/bench" -type f -perm -u+x 2> /dev/null)
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2> /dev/null)
+# Libraries the binaries open at run time (not in ldd's list): cuBLASLt (lib/train/src/cuda/
+# cublaslt_api.hpp). Named here when no directory of LD_LIBRARY_PATH holds them.
+dlopened_missing() {
+  local so d found
+  for so in libcublasLt.so.13; do
+    found=""
+    for d in ${LD_LIBRARY_PATH//:/ }; do [[ -e $d/$so ]] && { found=1; break; }; done
+    [[ -n $found ]] || echo "$so"
+  done
+}
 for _ in 1 2 3; do  # a soname found may need others
-  notfound=$(for b in $bins; do ldd "$b" 2> /dev/null; done | awk '/not found/ {print $1}' | sort -u)
+  notfound=$( (for b in $bins; do ldd "$b" 2> /dev/null; done | awk '/not found/ {print $1}'
+               dlopened_missing) | sort -u)
   [[ -z $notfound ]] && break
   if [[ ! -d $work/lib-extra && -f $bundle/lib-extra.tar.xz ]]; then
     mkdir -p "$work/lib-extra" && tar -C "$work/lib-extra" -xJf "$bundle/lib-extra.tar.xz"
@@ -84,7 +95,8 @@ for _ in 1 2 3; do  # a soname found may need others
     [[ -n $src ]] && ln -sf "$src" "$fill/$so" && say "library $so: $src"
   done
 done
-notfound=$(for b in $bins; do ldd "$b" 2> /dev/null; done | awk '/not found/ {print $1}' | sort -u)
+notfound=$( (for b in $bins; do ldd "$b" 2> /dev/null; done | awk '/not found/ {print $1}'
+             dlopened_missing) | sort -u)
 [[ -n $notfound ]] && say "UNRESOLVED libraries (binaries needing them cannot start): $notfound"
 say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 

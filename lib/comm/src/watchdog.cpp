@@ -52,6 +52,12 @@ std::atomic<int> g_fire_code{exit_code::internal};
   // From this thread while the main thread may sit inside MPI: Open MPI's abort goes through
   // the runtime's own channel to mpirun (tested under FUNNELED in tests/apps).
   const int code = g_fire_code.load();
+  // Ranks stuck in one collective fire together, and Open MPI 4.1's mpirun can fail on two
+  // MPI_Aborts at once (seen: "ORTE_ERROR_LOG: Data unpack would read past end of buffer" in
+  // show_help.c, then mpirun killed, exit -9, instead of this code): the lowest rank goes
+  // first, each other rank half a second later per rank (at most 4 s), by when the first
+  // abort has usually ended it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500) * std::min(mpi::world_rank(), 8));
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -12,7 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/cublaslt_api.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/matmul.hpp"
 #include "cuda_kernels_util.hpp"
 #include "locus/train/model/loss.hpp"
 #include "model/hash.hpp"
@@ -557,6 +559,30 @@ TEST_F(CudaKernels, ZeroSizesAreNoOps) {
   EXPECT_EQ(st.correct, 0);
   EXPECT_EQ(norm.download()[0], 0.0);
   EXPECT_EQ(scale.download()[0], 1.0f);
+}
+
+// cuBLASLt is opened at run time (not linked): it loads, with every function the backend calls,
+// on a machine without a GPU too (no device needed: this test never skips).
+TEST(CublasLt, LoadsAtRunTimeWithEveryFunction) {
+  const CublasLt& f = lt();
+  for (const void* fn :
+       {reinterpret_cast<const void*>(f.Create), reinterpret_cast<const void*>(f.Destroy),
+        reinterpret_cast<const void*>(f.GetVersion), reinterpret_cast<const void*>(f.GetStatusName),
+        reinterpret_cast<const void*>(f.GetStatusString), reinterpret_cast<const void*>(f.Matmul),
+        reinterpret_cast<const void*>(f.MatmulAlgoGetHeuristic),
+        reinterpret_cast<const void*>(f.MatmulDescCreate),
+        reinterpret_cast<const void*>(f.MatmulDescDestroy),
+        reinterpret_cast<const void*>(f.MatmulDescSetAttribute),
+        reinterpret_cast<const void*>(f.MatmulPreferenceCreate),
+        reinterpret_cast<const void*>(f.MatmulPreferenceDestroy),
+        reinterpret_cast<const void*>(f.MatmulPreferenceSetAttribute),
+        reinterpret_cast<const void*>(f.MatrixLayoutCreate),
+        reinterpret_cast<const void*>(f.MatrixLayoutDestroy)}) {
+    EXPECT_NE(fn, nullptr);
+  }
+  EXPECT_GE(f.GetVersion(), 130000u) << "the cuBLASLt of CUDA 13";
+  EXPECT_EQ(Matmul::version(), "cuBLASLt " + std::to_string(f.GetVersion()));
+  EXPECT_STREQ(f.GetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
 }
 
 }  // namespace

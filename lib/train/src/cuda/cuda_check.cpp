@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "cuda/cublaslt_api.hpp"
 #include "locus/comm/mpi.hpp"
 
 namespace locus::train::cuda {
@@ -62,7 +63,7 @@ void out_of_memory(cudaError_t rc, std::size_t bytes, bool pinned) {
 
 void cublas_fail(cublasStatus_t rc, const char* call, const char* file, int line) {
   throw CublasError(fmt::format("{} failed: {} ({}) at {} on {}", call,
-                                cublasLtGetStatusName(rc), cublasLtGetStatusString(rc),
+                                lt().GetStatusName(rc), lt().GetStatusString(rc),
                                 where(file, line), device_text()));
 }
 

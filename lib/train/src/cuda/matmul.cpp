@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/cublaslt_api.hpp"
 #include "cuda/device.hpp"
 
 namespace locus::train::cuda {
@@ -67,24 +68,24 @@ struct Matmul::Plan {
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, in its order
   bool chosen = false;  // algo settled (measured, or taken from the process's choices)
   ~Plan() {
-    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
-    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
-    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
-    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+    if (d != nullptr) lt().MatrixLayoutDestroy(d);
+    if (b != nullptr) lt().MatrixLayoutDestroy(b);
+    if (a != nullptr) lt().MatrixLayoutDestroy(a);
+    if (op != nullptr) lt().MatmulDescDestroy(op);
   }
 };
 
 Matmul::Matmul(Precision precision, std::size_t workspace_bytes)
     : precision_(precision), workspace_(workspace_bytes) {
-  LOCUS_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  LOCUS_CUBLAS_CHECK(lt().Create(&handle_));
 }
 
 Matmul::~Matmul() {
   for (auto& [shape, p] : plans_) delete p;
-  if (handle_ != nullptr) cublasLtDestroy(handle_);
+  if (handle_ != nullptr) lt().Destroy(handle_);
 }
 
-std::string Matmul::version() { return fmt::format("cuBLASLt {}", cublasLtGetVersion()); }
+std::string Matmul::version() { return fmt::format("cuBLASLt {}", lt().GetVersion()); }
 
 Matmul::Plan& Matmul::plan(const GemmShape& s) {
   if (auto it = plans_.find(s); it != plans_.end()) return *it->second;
@@ -93,43 +94,43 @@ Matmul::Plan& Matmul::plan(const GemmShape& s) {
     const cublasComputeType_t compute =
         precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     const cudaDataType_t in_type = precision_ == Precision::bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F));
+    LOCUS_CUBLAS_CHECK(lt().MatmulDescCreate(&p->op, compute, CUDA_R_32F));
     const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
+    LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
                                                       sizeof(ta)));
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
+    LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
                                                       sizeof(tb)));
     const cublasLtEpilogue_t epilogue = s.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+    LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                       &epilogue, sizeof(epilogue)));
     if (s.bias) {
       const cudaDataType_t bias_type = CUDA_R_32F;
-      LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(
           p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     }
     // Stored shapes: A is (m x k) after op, so (k x m) stored when transposed.
     const int a_rows = s.trans_a ? s.k : s.m, a_cols = s.trans_a ? s.m : s.k;
     const int b_rows = s.trans_b ? s.n : s.k, b_cols = s.trans_b ? s.k : s.n;
-    LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, in_type, static_cast<std::uint64_t>(a_rows),
+    LOCUS_CUBLAS_CHECK(lt().MatrixLayoutCreate(&p->a, in_type, static_cast<std::uint64_t>(a_rows),
                                                   static_cast<std::uint64_t>(a_cols), s.lda));
-    LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, in_type, static_cast<std::uint64_t>(b_rows),
+    LOCUS_CUBLAS_CHECK(lt().MatrixLayoutCreate(&p->b, in_type, static_cast<std::uint64_t>(b_rows),
                                                   static_cast<std::uint64_t>(b_cols), s.ldb));
-    LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, static_cast<std::uint64_t>(s.m),
+    LOCUS_CUBLAS_CHECK(lt().MatrixLayoutCreate(&p->d, CUDA_R_32F, static_cast<std::uint64_t>(s.m),
                                                   static_cast<std::uint64_t>(s.n), s.ldd));
 
     cublasLtMatmulPreference_t pref = nullptr;
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LOCUS_CUBLAS_CHECK(lt().MatmulPreferenceCreate(&pref));
     const std::uint64_t ws = workspace_.bytes();
     // Split-K reductions in place use atomic counters in the workspace: excluded, so the
     // summation order of a shape never changes between runs.
     const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_MASK & ~CUBLASLT_REDUCTION_SCHEME_INPLACE;
     std::array<cublasLtMatmulHeuristicResult_t, kCandidates> results{};
     int found = 0;
-    cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(
+    cublasStatus_t rc = lt().MatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     if (rc == CUBLAS_STATUS_SUCCESS) {
-      rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+      rc = lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                 &schemes, sizeof(schemes));
     }
     // Offsets inside the parameter buffer follow the PyTorch layout (a 10-float bias moves the
@@ -141,14 +142,14 @@ Matmul::Plan& Matmul::plan(const GemmShape& s) {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4 && rc == CUBLAS_STATUS_SUCCESS; ++i) {
-      rc = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i < 2 ? i : 2],
+      rc = lt().MatmulPreferenceSetAttribute(pref, align_attr[i], &align[i < 2 ? i : 2],
                                                 sizeof(std::uint32_t));
     }
     if (rc == CUBLAS_STATUS_SUCCESS) {
-      rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->op, p->a, p->b, p->d, p->d, pref,
+      rc = lt().MatmulAlgoGetHeuristic(handle_, p->op, p->a, p->b, p->d, p->d, pref,
                                           kCandidates, results.data(), &found);
     }
-    cublasLtMatmulPreferenceDestroy(pref);
+    lt().MatmulPreferenceDestroy(pref);
     LOCUS_CUBLAS_CHECK(rc);
     if (found == 0) {
       throw CublasError(fmt::format(
@@ -179,11 +180,11 @@ void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, con
   Plan& p = plan(s);
   if (!p.chosen) choose(s, p, a, b, stream);
   if (s.bias) {
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+    LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &bias, sizeof(bias)));
   }
   const float one = 1.0f, zero = 0.0f;
-  LOCUS_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,
+  LOCUS_CUBLAS_CHECK(lt().Matmul(handle_, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,
                                     d, p.d, d, p.d, &p.algo, workspace_.data(), workspace_.bytes(),
                                     stream));
 }
@@ -198,7 +199,7 @@ double Matmul::time_candidate(Plan& p, const cublasLtMatmulAlgo_t& algo,
                               const void* a, const void* b, float* scratch, cudaStream_t stream) {
   const float one = 1.0f, zero = 0.0f;
   auto launch = [&] {
-    return cublasLtMatmul(handle_, p.op, &one, a, p.a, b, p.b, &zero, scratch, p.d, scratch, p.d,
+    return lt().Matmul(handle_, p.op, &one, a, p.a, b, p.b, &zero, scratch, p.d, scratch, p.d,
                           &algo, workspace_.data(), workspace_.bytes(), stream);
   };
   if (launch() != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<double>::infinity();
