@@ -9,4 +9,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd "$root/build"
+# ctest -j N starts tests while their PROCESSORS fit in N: every 2- and 4-rank test and every
+# end-to-end script asks for 2, so on CI's 2-core machine they run one at a time beside the
+# 1-rank unit tests. Running more at once does not pay there: waiting MPI ranks poll
+# (mpi_yield_when_idle only yields the core), so two such tests side by side slow each other
+# 2-4x; ctest -j4 was no faster than -j2 (README, "CI").
 ctest -j "$(nproc)" --output-on-failure "$@"

@@ -11,6 +11,9 @@ import numpy as np
 from apphelpers import check, expect_exit, main
 from test_resume_app import flip_bit, prepare, train
 
+# Failed runs on purpose: do not wait for Open MPI's kill timeout (see test_infer_app.py).
+os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
+
 EXIT_USAGE, EXIT_DATA, EXIT_DIFFER = 2, 3, 1
 
 

@@ -12,6 +12,12 @@ import numpy as np
 
 from apphelpers import FASHION, check, expect_exit, main, no_outputs, read_dataset
 
+# Many runs here fail on purpose (gates, bad inputs, config errors): do not wait for Open MPI's
+# kill timeout after each (see test_infer_app.py). The two runs that kill a rank keep Open MPI's
+# default teardown (the survivors get SIGTERM, then 1 s), as a job sees it in production.
+os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
+DEFAULT_TEARDOWN = {"OMPI_MCA_odls_base_sigkill_timeout": "1"}
+
 EXIT_CONFIG, EXIT_DATA, EXIT_GATE, EXIT_IO = 2, 3, 4, 5
 
 
@@ -244,7 +250,8 @@ def test_append_equals_full_ingest_and_survives_a_crash(r, tmp):
     backup = os.path.join(tmp, "backup.h5")
     shutil.copy(out, backup)
     # Killed between writing the rows and publishing: the original must be untouched.
-    p = csv_ingest(r, tmp, b, out, "--append", env={"LOCUS_TEST_HOOK": "ingest-before-commit:kill@0"})
+    p = csv_ingest(r, tmp, b, out, "--append",
+                   env={"LOCUS_TEST_HOOK": "ingest-before-commit:kill@0", **DEFAULT_TEARDOWN})
     check(p.returncode != 0, "the killed append must fail", p)
     check(filecmp.cmp(out, backup, shallow=False), "a crashed append changed the dataset")
     x0, _, _ = read_dataset(out)
@@ -317,7 +324,8 @@ def test_append_rerun_after_its_publication_adds_nothing(r, tmp):
     out, ref = os.path.join(tmp, "out.h5"), os.path.join(tmp, "full.h5")
     expect_exit(csv_ingest(r, tmp, full, ref), 0)
     expect_exit(csv_ingest(r, tmp, a, out), 0)
-    p = csv_ingest(r, tmp, b, out, "--append", env={"LOCUS_TEST_HOOK": "ingest-after-commit:kill@1"})
+    p = csv_ingest(r, tmp, b, out, "--append",
+                   env={"LOCUS_TEST_HOOK": "ingest-after-commit:kill@1", **DEFAULT_TEARDOWN})
     check(p.returncode != 0, "the append killed after its publication must fail", p)
     published = os.path.join(tmp, "published.h5")
     shutil.copy(out, published)

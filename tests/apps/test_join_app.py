@@ -12,6 +12,9 @@ import numpy as np
 from apphelpers import check, expect_exit, main, no_outputs
 from test_ingest_app import dataset_bytes
 
+# Failed runs on purpose: do not wait for Open MPI's kill timeout (see test_infer_app.py).
+os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
+
 EXIT_CONFIG, EXIT_DATA, EXIT_GATE = 2, 3, 4
 
 

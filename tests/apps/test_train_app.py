@@ -10,6 +10,9 @@ import numpy as np
 
 from apphelpers import check, expect_exit, main
 
+# Failed runs on purpose: do not wait for Open MPI's kill timeout (see test_infer_app.py).
+os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
+
 EXIT_CONFIG, EXIT_DATA, EXIT_IO = 2, 3, 5
 CONFIG = os.path.join(os.environ.get("LOCUS_SOURCE_DIR",
                                      os.path.join(os.path.dirname(__file__), "..", "..")),
