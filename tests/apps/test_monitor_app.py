@@ -28,8 +28,11 @@ def train_per_rank(r, tmp, *args, env=None):
            '"$0" "$@"; rc=$?; echo "rank-exit $OMPI_COMM_WORLD_RANK $rc"; exit $rc',
            os.path.join(r.bindir, "locus-train"), "--config", CONFIG, *args]
     full_env = dict(os.environ)
+    # Open MPI's default teardown (the survivors get SIGTERM, then 1 s): every rank must get
+    # to print its exit code, which the kill timeout of 0 that test_train_app sets for its own
+    # failing runs would not leave time for.
     full_env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                     "OPENBLAS_NUM_THREADS": "1"})
+                     "OPENBLAS_NUM_THREADS": "1", "OMPI_MCA_odls_base_sigkill_timeout": "1"})
     full_env.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=tmp,
                           timeout=600)
