@@ -88,8 +88,8 @@ void TrainSettings::register_options(Config& c) {
         "kernel by kernel)");
   c.add_choice("train.gemm_select", gemm_select, {"measure", "heuristic"},
                "cuda: each GEMM shape's cuBLASLt algorithm (measure: the heuristic's first "
-               "unless timing its candidates once shows it over 2.5x and 20 us slower than the fastest; "
-               "heuristic: its first, never timed)");
+               "unless timing its candidates once shows it over 2.5x and 20 us slower than the "
+               "fastest; heuristic: its first, never timed)");
   c.add("train.pipeline_stages", pipeline_stages,
         "pipeline stages: the layers are cut into this many stages on consecutive ranks, "
         "inside one node where the stage count divides every node's ranks; ranks = "

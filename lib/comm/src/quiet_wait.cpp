@@ -1,4 +1,4 @@
-// quiet_barrier: MPI_Ibarrier polled with sleeps.
+// quiet_barrier and allreduce_max_within: non-blocking MPI collectives polled with sleeps.
 #include "locus/comm/quiet_wait.hpp"
 
 #include <time.h>
@@ -11,17 +11,31 @@
 
 namespace locus::comm {
 
+namespace {
+
+// Tests req every 200 us, sleeping in between; false once seconds (> 0) have passed first.
+bool poll(MPI_Request& req, double seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  int done = 0;
+  while (true) {
+    LOCUS_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done != 0) return true;
+    if (seconds > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                               .count() > seconds) {
+      return false;
+    }
+    const timespec pause{0, 200'000};
+    ::nanosleep(&pause, nullptr);
+  }
+}
+
+}  // namespace
+
 void quiet_barrier(const mpi::Comm& comm) {
   if (comm.size() == 1) return;
   MPI_Request req = MPI_REQUEST_NULL;
   LOCUS_MPI_CHECK(MPI_Ibarrier(comm.get(), &req));
-  int done = 0;
-  while (true) {
-    LOCUS_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (done != 0) return;
-    const timespec pause{0, 200'000};
-    ::nanosleep(&pause, nullptr);
-  }
+  poll(req, 0.0);
 }
 
 bool allreduce_max_within(const mpi::Comm& comm, std::span<int> values, double seconds) {
@@ -32,21 +46,9 @@ bool allreduce_max_within(const mpi::Comm& comm, std::span<int> values, double s
   MPI_Request req = MPI_REQUEST_NULL;
   LOCUS_MPI_CHECK(MPI_Iallreduce(values.data(), out.data(), static_cast<int>(values.size()),
                                  MPI_INT, MPI_MAX, comm.get(), &req));
-  const auto start = std::chrono::steady_clock::now();
-  int done = 0;
-  while (true) {
-    LOCUS_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (done != 0) {
-      std::copy(out.begin(), out.end(), values.begin());
-      return true;
-    }
-    if (seconds > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                               .count() > seconds) {
-      return false;
-    }
-    const timespec pause{0, 200'000};
-    ::nanosleep(&pause, nullptr);
-  }
+  if (!poll(req, seconds)) return false;
+  std::copy(out.begin(), out.end(), values.begin());
+  return true;
 }
 
 }  // namespace locus::comm

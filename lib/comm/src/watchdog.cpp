@@ -158,7 +158,10 @@ Watchdog::~Watchdog() {
 
 bool watchdog_armed() noexcept { return g_armed.load(std::memory_order_relaxed); }
 
-void mark_progress(std::string_view what) {
+namespace {
+
+// Names the operation entered (and the output it writes, "" for none) and counts a mark.
+void mark(std::string_view what, std::string_view writing) {
   std::shared_ptr<Watchdog::State> s;
   {
     std::lock_guard g(g_mutex);
@@ -168,24 +171,15 @@ void mark_progress(std::string_view what) {
   {
     std::lock_guard g(s->mutex);
     s->what.assign(what);
-    s->writing.clear();
+    s->writing.assign(writing);
   }
   s->marks.fetch_add(1);
 }
 
-void mark_progress_writing(std::string_view what, std::string_view path) {
-  std::shared_ptr<Watchdog::State> s;
-  {
-    std::lock_guard g(g_mutex);
-    s = g_state;
-  }
-  if (!s) return;
-  {
-    std::lock_guard g(s->mutex);
-    s->what.assign(what);
-    s->writing.assign(path);
-  }
-  s->marks.fetch_add(1);
-}
+}  // namespace
+
+void mark_progress(std::string_view what) { mark(what, {}); }
+
+void mark_progress_writing(std::string_view what, std::string_view path) { mark(what, path); }
 
 }  // namespace locus::comm

@@ -373,7 +373,6 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   }
   // The loader may reuse the batch's host memory once we return.
   LOCUS_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
-  note_gemm_choices(matmul_, device_);
 }
 
 void CudaCompute::issue_update(bool clip) {

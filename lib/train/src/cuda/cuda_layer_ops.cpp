@@ -290,7 +290,6 @@ void CudaLayerOps::backward(detail::LayerActivations& base, std::span<const floa
   float* g = from_loss ? scratch_->out_grad.data() : a.bufs->grad_in.data();
   layers_.backward(params(), a.bufs->input.data(), *a.bufs, g, rows, accumulate, dx, *scratch_,
                    on_layer ? &on_layer : nullptr, s);
-  note_gemm_choices(matmul_, device_);
 }
 
 double CudaLayerOps::grad_sum_of_squares() {

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "cuda/cublaslt_api.hpp"
-#include "cuda/device.hpp"
 
 namespace locus::train::cuda {
 
@@ -43,8 +42,7 @@ struct ChoiceKey {
   Precision precision;
   GemmShape shape;
   bool operator<(const ChoiceKey& o) const {
-    return std::tie(device, precision) < std::tie(o.device, o.precision) ||
-           (std::tie(device, precision) == std::tie(o.device, o.precision) && shape < o.shape);
+    return std::tie(device, precision, shape) < std::tie(o.device, o.precision, o.shape);
   }
 };
 
@@ -229,6 +227,10 @@ double Matmul::time_candidate(Plan& p, const cublasLtMatmulAlgo_t& algo,
 
 void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
                     cudaStream_t stream) {
+  if (!measure_ || p.candidates.size() < 2) {  // the heuristic's first, never timed
+    p.chosen = true;
+    return;
+  }
   const ChoiceKey key{current_device(), precision_, s};
   {
     const std::lock_guard lock(choices_mutex);
@@ -240,14 +242,7 @@ void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
   }
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LOCUS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone || p.candidates.size() < 2 || !measure_) {
-    p.chosen = capturing == cudaStreamCaptureStatusNone;  // a capture measures nothing
-    if (p.chosen) {
-      const std::lock_guard lock(choices_mutex);
-      choices().emplace(key, p.algo);
-    }
-    return;
-  }
+  if (capturing != cudaStreamCaptureStatusNone) return;  // a capture measures nothing
   DeviceBuffer<float> scratch(static_cast<std::size_t>(s.ldd) * static_cast<std::size_t>(s.n));
   std::vector<double> ms;
   for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
@@ -261,25 +256,16 @@ void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
   p.algo = p.candidates[pick];
   p.chosen = true;
   if (pick != 0) {
-    choice_notes_.push_back(fmt::format(
-        "{} GEMM m={} n={} k={} ({}{}): cuBLASLt's first algorithm took {:.1f} us, the fastest of "
-        "{} {:.1f} us: candidate {} ({:.1f} us) taken",
-        to_string(precision_), s.m, s.n, s.k, s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N',
-        ms[0] * 1e3, ms.size(), best * 1e3, pick, ms[pick] * 1e3));
+    // On stderr, once per process and shape: every rank measures its own.
+    fmt::print(stderr,
+               "note: GPU {}: {} GEMM m={} n={} k={} ({}{}): cuBLASLt's first algorithm took "
+               "{:.1f} us, the fastest of {} {:.1f} us: candidate {} ({:.1f} us) taken\n",
+               device_text(), to_string(precision_), s.m, s.n, s.k, s.trans_a ? 'T' : 'N',
+               s.trans_b ? 'T' : 'N', ms[0] * 1e3, ms.size(), best * 1e3, pick, ms[pick] * 1e3);
   }
   const std::lock_guard lock(choices_mutex);
   const auto [it, fresh] = choices().emplace(key, p.algo);
   if (!fresh) p.algo = it->second;  // another thread of the process chose first: share it
-}
-
-}  // namespace locus::train::cuda
-
-namespace locus::train::cuda {
-
-void note_gemm_choices(Matmul& matmul, const DeviceInfo& device) {
-  for (const std::string& note : matmul.take_choice_notes()) {
-    fmt::print(stderr, "note: GPU {} ({}): {}\n", device.index, device.name, note);
-  }
 }
 
 }  // namespace locus::train::cuda

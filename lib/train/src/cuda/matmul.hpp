@@ -20,8 +20,6 @@
 #include <map>
 #include <string>
 #include <tuple>
-#include <utility>
-#include <vector>
 
 #include "cuda/memory.hpp"
 #include "locus/train/model/precision.hpp"
@@ -69,8 +67,6 @@ class Matmul {
   Precision precision() const noexcept { return precision_; }
   // Off: the heuristic's first pick, never timed (train.gemm_select = heuristic).
   void set_measure(bool on) noexcept { measure_ = on; }
-  // One line per shape whose heuristic pick was replaced (for the log), taken once.
-  std::vector<std::string> take_choice_notes() { return std::exchange(choice_notes_, {}); }
   // "cuBLASLt 130000" for checkpoint provenance.
   static std::string version();
 
@@ -86,13 +82,6 @@ class Matmul {
   DeviceBuffer<std::uint8_t> workspace_;
   std::map<GemmShape, Plan*> plans_;
   bool measure_ = true;
-  std::vector<std::string> choice_notes_;
 };
-
-struct DeviceInfo;  // device.hpp
-
-// Prints each of the matmul's new choice notes to stderr, naming the device (the process's
-// own lines: every rank measures its own shapes).
-void note_gemm_choices(Matmul& matmul, const DeviceInfo& device);
 
 }  // namespace locus::train::cuda
