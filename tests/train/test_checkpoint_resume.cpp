@@ -137,6 +137,29 @@ TEST_F(CheckpointResume, SignalOnOneRankStopsEveryRankAtOneStep) {
   expect_bitwise(got, want, "signalled at step 7");
 }
 
+// The handlers give the previous dispositions back, unless the process is leaving after a
+// preemption checkpoint (ignore_after): then a late SIGTERM (mpirun's, to the ranks still in
+// MPI_Finalize once the first one exited 75) must not turn its exit 75 into 143.
+TEST(PreemptSignals, RestoreDispositionsOrIgnoreThemWhenLeaving) {
+  const auto handler_of = [](int signal) {
+    struct sigaction now {};
+    ::sigaction(signal, nullptr, &now);
+    return now.sa_handler;
+  };
+  std::signal(SIGUSR2, SIG_DFL);
+  { const PreemptSignals handlers({SIGUSR2}); }
+  EXPECT_EQ(handler_of(SIGUSR2), SIG_DFL);
+  {
+    PreemptSignals handlers({SIGUSR2});
+    EXPECT_NE(handler_of(SIGUSR2), SIG_DFL);
+    handlers.ignore_after();
+  }
+  EXPECT_EQ(handler_of(SIGUSR2), SIG_IGN);
+  std::raise(SIGUSR2);  // would end this test program under SIG_DFL
+  EXPECT_EQ(PreemptSignals::pending(), 0);
+  std::signal(SIGUSR2, SIG_DFL);
+}
+
 TEST_F(CheckpointResume, BackgroundSavesChangeNothing) {
   const TrainOptions o = adamw();
   const Outcome want = straight_run(world(), o);

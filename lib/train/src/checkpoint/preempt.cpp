@@ -103,6 +103,10 @@ PreemptSignals::~PreemptSignals() {
   for (std::size_t i = 0; i < signals_.size(); ++i) {
     struct sigaction old {};
     std::memcpy(&old, saved_.data() + i * sizeof(struct sigaction), sizeof(old));
+    if (ignore_after_) {
+      old.sa_handler = SIG_IGN;
+      old.sa_flags = 0;
+    }
     ::sigaction(signals_[i], &old, nullptr);
   }
   g_pending = 0;

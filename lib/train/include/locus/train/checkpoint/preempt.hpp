@@ -30,8 +30,16 @@ class PreemptSignals {
   static int pending() noexcept;
   static void clear() noexcept;
 
+  // From destruction on the signals are ignored instead of getting their previous
+  // dispositions back: a process that checkpointed and is leaving with exit 75 must not be
+  // killed by a later one, which would turn its exit code into 128 + the signal's. Under
+  // mpirun that later signal comes by itself: the first rank to exit 75 makes mpirun abort
+  // the job and SIGTERM the ranks still in MPI_Finalize.
+  void ignore_after() noexcept { ignore_after_ = true; }
+
  private:
   std::vector<int> signals_;
+  bool ignore_after_ = false;
   std::vector<char> saved_;  // the previous struct sigaction of each signal, opaque here
 };
 
