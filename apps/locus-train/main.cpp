@@ -72,6 +72,7 @@ std::string run_line(const train::Trainer& t, const train::ResumeResult& resumed
   if (const char* e = std::getenv("SLURM_RESTART_COUNT")) j["slurm_restart_count"] = e;
   j["compute"] = t.compute_description();
   j["reducer"] = t.reducer_description();
+  if (!t.link_description().empty()) j["stage_link"] = t.link_description();
   j["reduction"] = t.reduction_description();
   j["tool_version"] = LOCUS_VERSION;
   j["git_revision"] = LOCUS_GIT_REVISION;
@@ -182,6 +183,9 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
       say(fmt::format("  rank {}: {}", r, devices[r]));
     }
     say(fmt::format("  gradient all-reduce: {}", trainer->reducer_description()));
+    if (!trainer->link_description().empty()) {
+      say(fmt::format("  stage link: {}", trainer->link_description()));
+    }
     if (opts.compute.graphs && (opts.pipeline_stages > 1 || opts.micro_batches > 1)) {
       // Not silently ignored: a stage's step waits on the stage link between its kernels.
       say("  CUDA graphs (train.graphs): whole-model steps only; pipeline stages and "

@@ -126,9 +126,15 @@ void TrainSettings::register_options(Config& c) {
                "where nodes are consecutive ranks); auto: hierarchical when the ranks span "
                "several nodes and a node has more than one, else flat. nccl: auto only "
                "(NCCL's own topology-aware algorithms)");
+  c.add_choice("train.stage_link", stage_link, {"auto", "mpi", "nccl"},
+               "how pipeline stages pass activations and their gradients (auto: NCCL send/recv "
+               "between GPU stages where every rank of the pipeline has a GPU of its own, else "
+               "MPI, host-staged for GPU buffers; nccl: an error where NCCL cannot run; cpu "
+               "backend: MPI)");
   c.add("train.reducer_timeout_s", reducer_timeout_s,
-        "nccl: seconds a rank waits for a gradient all-reduce before it aborts the job "
-        "naming the collective (0: forever; time stopped by SIGSTOP does not count)",
+        "nccl: seconds a rank waits for a gradient all-reduce or a step's pipeline transfers "
+        "before it aborts the job naming them (0: forever; time stopped by SIGSTOP does not "
+        "count)",
         in_range(0.0, 1e9));
   add_watchdog_option(c, "train.watchdog_s", watchdog_s);
   c.add("train.log_every", log_every, "steps per metrics line (0: epoch ends only)",
@@ -323,6 +329,8 @@ train::TrainOptions TrainSettings::to_options() const {
   o.reducer.backend = comm::parse_reducer_backend(reducer);
   o.reducer.reduction = comm::parse_reduction(reduction);
   o.reducer.timeout_s = reducer_timeout_s;
+  o.stage_link.backend = comm::parse_link_backend(stage_link);
+  o.stage_link.timeout_s = reducer_timeout_s;
   o.anomaly.action = train::parse_anomaly_action(anomaly);
   o.anomaly.z = anomaly_z;
   o.anomaly.window = static_cast<int>(anomaly_window);

@@ -200,12 +200,16 @@ elif ((gpu)); then
     tee -a "$log" | tee "$work/hostid.log"
   if grep -q '^nccl_hostid hostid ok' "$work/hostid.log"; then
     mkdir -p "$work/scratch"
-    for t in test_nccl_reducer test_cuda_trainer; do
+    # The NCCL reducer and stage link, and the trainers over them (2 stages: NCCL link bitwise
+    # the host-staged one); the link once more as a 4-rank pipeline.
+    for spec in test_nccl_reducer:2 test_nccl_link:2 test_cuda_trainer:2 test_cuda_pipeline:2 \
+                test_nccl_link:4; do
+      t=${spec%%:*} n=${spec##*:}
       [[ -x $bundle/tests/$t ]] || continue
-      tl=$work/tests/$t.hostid.log s=$SECONDS
-      (cd "$work/scratch" && run_mpi 2 "${HOSTID_TEST_TIMEOUT:-90}" "$here/hostid_rank.sh" \
+      tl=$work/tests/$t.hostid.np$n.log s=$SECONDS
+      (cd "$work/scratch" && run_mpi "$n" "${HOSTID_TEST_TIMEOUT:-90}" "$here/hostid_rank.sh" \
          "$bundle/tests/$t" --gtest_brief=1 --gtest_color=no) > "$tl" 2>&1 < /dev/null
-      record_gtest "$t.hostid" 2 "$?" "$tl" "$s"
+      record_gtest "$t.hostid.np$n" "$n" "$?" "$tl" "$s"
     done
   fi
 else

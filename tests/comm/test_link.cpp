@@ -79,4 +79,33 @@ TEST(MpiLink, DeviceBufferIsRefused) {
   EXPECT_FALSE(q.active());
 }
 
+// train.stage_link = nccl where NCCL cannot join the ranks (a build without NCCL, a host
+// without a GPU, ranks sharing one): an agreed ConfigError naming the reason on every rank and
+// the way out. On a host where NCCL can join them the refusal does not apply.
+TEST(NcclLinkChoice, RefusedWhereNcclCannotRunAndParsed) {
+  const mpi::Comm world = mpi::Comm::world();
+  const std::string why = comm::nccl_link_unusable_reason(world);
+  if (!why.empty()) {
+    constexpr int tags[] = {1, 2};
+    try {
+      comm::make_nccl_link(world, tags, comm::LinkOptions{});
+      ADD_FAILURE() << "expected a ConfigError";
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(e.agreed());
+      const std::string what = e.what();
+      EXPECT_NE(what.find("train.stage_link = nccl cannot be used: " + why), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("Set train.stage_link = auto"), std::string::npos) << what;
+    }
+  }
+  EXPECT_EQ(comm::parse_link_backend("auto"), comm::LinkBackend::automatic);
+  EXPECT_EQ(comm::parse_link_backend("mpi"), comm::LinkBackend::mpi);
+  EXPECT_EQ(comm::to_string(comm::parse_link_backend("nccl")), "nccl");
+  EXPECT_THROW(comm::parse_link_backend("gloo"), ConfigError);
+  comm::LinkOptions bad;
+  bad.timeout_s = -1;
+  constexpr int tags[] = {1};
+  EXPECT_THROW(comm::make_nccl_link(world, tags, bad), ConfigError);
+}
+
 }  // namespace

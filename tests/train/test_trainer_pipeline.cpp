@@ -278,6 +278,19 @@ TEST_F(PipelineTrainer, InvalidGridsAreAgreedConfigErrors) {
   o.stage_boundaries = {99};  // beyond the last layer (and the wrong count on 4 ranks)
   const std::string bounds = agreed_error<ConfigError>([&] { Trainer t(grid, o); });
   EXPECT_NE(bounds.find("train.stage_boundaries"), std::string::npos) << bounds;
+  // NCCL moves GPU buffers: on the cpu backend it is refused, naming the way out; auto and
+  // mpi take the MPI link.
+  o = options(world().size(), 2, PipelineSchedule::one_f_one_b);
+  o.stage_link.backend = comm::LinkBackend::nccl;
+  const std::string nccl = agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+  EXPECT_NE(nccl.find("train.stage_link = nccl moves GPU buffers between pipeline stages, but "
+                      "train.backend = cpu keeps them in host memory: set train.stage_link = "
+                      "auto or mpi"),
+            std::string::npos)
+      << nccl;
+  o.stage_link.backend = comm::LinkBackend::automatic;
+  const Trainer t(grid, o);
+  EXPECT_EQ(t.link_description(), world().size() > 1 ? "mpi" : "");
 }
 
 }  // namespace

@@ -5,13 +5,10 @@
 // makes the producer's stream wait for the last bucket, so the optimizer never reads a
 // gradient before it is reduced, and the host never waits for the step it just enqueued.
 //
-// The NCCL communicator is made from the MPI communicator (rank 0's ncclGetUniqueId sent with
-// MPI_Bcast, ncclCommInitRankConfig on the rank's current device) in non-blocking mode, so a
-// collective stuck on a dead or stopped peer can be aborted: whenever the host waits (set-up,
-// finish() waiting for the PREVIOUS step, the destructor) it polls ncclCommGetAsyncError and
-// gives up after options.timeout_s with ncclCommAbort and an NcclError naming the collective,
-// the rank, the host and the device. A SIGSTOP counts as at most one poll interval of that
-// time, so a suspended job does not time out when it is continued.
+// The NCCL communicator (nccl_comm.hpp) is non-blocking, so a collective stuck on a dead or
+// stopped peer can be aborted: whenever the host waits (set-up, finish() waiting for the
+// PREVIOUS step, the destructor) it polls NCCL's asynchronous error state and gives up after
+// options.timeout_s (train.reducer_timeout_s) with an NcclError naming the collective.
 //
 // Determinism: NCCL's ring all-reduce adds in a fixed order for a fixed communicator, size
 // and algorithm; unless the user set them, NCCL_ALGO=Ring and NCCL_PROTO=Simple are pinned
@@ -20,19 +17,16 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <nccl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <thread>
 #include <vector>
 
 #include "locus/comm/error.hpp"
 #include "locus/comm/reducer.hpp"
+#include "nccl_comm.hpp"
 #include "nccl_reducer.hpp"
 
 namespace locus::comm::detail {
@@ -41,81 +35,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string device_text() {
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return "no device";
-  }
-  char bus[32] = "?";
-  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) cudaGetLastError();
-  return fmt::format("GPU {} ({})", device, bus);
-}
-
-[[noreturn]] void cuda_fail(cudaError_t rc, const char* call, const char* file, int line) {
-  throw CudaError(fmt::format("{} failed: {} ({}) at {} on {}", call, cudaGetErrorName(rc),
-                              cudaGetErrorString(rc), where(file, line), device_text()));
-}
-
-#define LOCUS_NCCL_CUDA(call)                                                              \
-  do {                                                                                     \
-    const cudaError_t locus_rc_ = (call);                                                  \
-    if (locus_rc_ != cudaSuccess) cuda_fail(locus_rc_, #call, __FILE__, __LINE__);         \
-  } while (0)
-
-// "rank r/n host, GPU d (bus)": where a message comes from.
-std::string here(const mpi::Comm& comm) {
-  return fmt::format("data-parallel rank {}/{} on {}, {}", comm.rank(), comm.size(),
-                     mpi::hostname(), device_text());
-}
-
-// Pins what makes the ring reduction's summation order fixed, unless the user chose.
-void pin_deterministic_algorithm() {
-  setenv("NCCL_ALGO", "Ring", 0);
-  setenv("NCCL_PROTO", "Simple", 0);
-}
-
-struct PeerDevice {
-  char host[64];
-  char bus[32];
-};
-
-// The host as NCCL tells hosts apart: NCCL_HOSTID where it is set (the test-only way to put
-// two ranks of one GPU in one communicator: each rank claims a host of its own, README "GPU
-// training"), else the host name.
-std::string nccl_host_identity() {
-  const char* id = std::getenv("NCCL_HOSTID");
-  return id != nullptr && *id != '\0' ? std::string(id) : mpi::hostname();
-}
-
 }  // namespace
 
 std::string duplicate_device_reason(const mpi::Comm& comm) {
-  PeerDevice mine{};
-  std::strncpy(mine.host, nccl_host_identity().c_str(), sizeof(mine.host) - 1);
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetPCIBusId(mine.bus, sizeof(mine.bus), device) != cudaSuccess) {
-    cudaGetLastError();
-    std::strncpy(mine.bus, "none", sizeof(mine.bus) - 1);
-  }
-  std::vector<PeerDevice> all(static_cast<std::size_t>(comm.size()));
-  LOCUS_MPI_CHECK(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE,
-                                comm.get()));
-  for (std::size_t a = 0; a < all.size(); ++a) {
-    if (std::strcmp(all[a].bus, "none") == 0) {
-      return fmt::format("data-parallel rank {} on {} has no current CUDA device", a,
-                         all[a].host);
-    }
-    for (std::size_t b = a + 1; b < all.size(); ++b) {
-      if (std::strcmp(all[a].host, all[b].host) == 0 && std::strcmp(all[a].bus, all[b].bus) == 0) {
-        return fmt::format("data-parallel ranks {} and {} share GPU {} on {} (NCCL refuses two "
-                           "ranks of one communicator on one device)",
-                           a, b, all[a].bus, all[a].host);
-      }
-    }
-  }
-  return "";
+  return duplicate_device_reason(comm, "data-parallel");
 }
 
 class NcclReducer final : public GradientReducer {
@@ -131,42 +54,22 @@ class NcclReducer final : public GradientReducer {
     for (auto& e : done_) LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     build_buckets();
     pin_deterministic_algorithm();
-    ncclUniqueId id{};
-    if (comm_.is_root()) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    comm_.bcast(std::span<char>(id.internal, sizeof(id.internal)), 0);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // abortable while a peer is stuck
-    const ncclResult_t rc =
-        ncclCommInitRankConfig(&nccl_, comm_.size(), id, comm_.rank(), &config);
-    if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, "ncclCommInitRankConfig");
-    await("ncclCommInitRankConfig", [] { return true; });
+    nccl_.emplace(comm_, "data-parallel", NcclTimeout{options_.timeout_s, "train.reducer_timeout_s"});
   }
 
   ~NcclReducer() override {
     // Never throws: on a broken or stuck communicator abort it instead of finalizing.
-    bool healthy = nccl_ != nullptr;
-    if (healthy) {
-      try {
-        await("the last gradient all-reduce", [this] { return query(done_[0]) && query(done_[1]); });
-      } catch (...) {
-        healthy = false;
-      }
-    }
-    if (nccl_ != nullptr) {
-      if (healthy && ncclCommFinalize(nccl_) != ncclSuccess) healthy = false;
+    if (nccl_) {
+      bool healthy = nccl_->get() != nullptr;
       if (healthy) {
-        ncclResult_t st = ncclInProgress;
-        const auto start = Clock::now();
-        while (st == ncclInProgress && Clock::now() - start < std::chrono::seconds(10)) {
-          if (ncclCommGetAsyncError(nccl_, &st) != ncclSuccess) break;
+        try {
+          nccl_->await("the last gradient all-reduce",
+                       [this] { return event_done(done_[0]) && event_done(done_[1]); });
+        } catch (...) {
+          healthy = false;
         }
-        healthy = st == ncclSuccess;
       }
-      if (healthy) {
-        ncclCommDestroy(nccl_);
-      } else {
-        ncclCommAbort(nccl_);
-      }
+      nccl_->close(healthy);
     }
     if (stream_ != nullptr) {
       cudaStreamSynchronize(stream_);
@@ -192,12 +95,8 @@ class NcclReducer final : public GradientReducer {
       const Bucket& b = buckets_[next_++];
       float* p = data_ + b.offset;
       const ncclRedOp_t op = options_.mode == ReduceMode::average ? ncclAvg : ncclSum;
-      const ncclResult_t rc = ncclAllReduce(p, p, b.count, ncclFloat32, op, nccl_, stream_);
-      if (rc == ncclInProgress) {
-        await("ncclAllReduce", [] { return true; });
-      } else if (rc != ncclSuccess) {
-        fail(rc, "ncclAllReduce");
-      }
+      nccl_->issued(ncclAllReduce(p, p, b.count, ncclFloat32, op, nccl_->get(), stream_),
+                    "ncclAllReduce");
     }
   }
 
@@ -210,7 +109,8 @@ class NcclReducer final : public GradientReducer {
     LOCUS_NCCL_CUDA(cudaEventRecord(done, stream_));
     LOCUS_NCCL_CUDA(cudaStreamWaitEvent(producer_, done, 0));
     cudaEvent_t previous = done_[step_parity_ ^ 1];
-    await("the gradient all-reduce of the previous step", [&] { return query(previous); });
+    nccl_->await("the gradient all-reduce of the previous step",
+                  [&] { return event_done(previous); });
     step_parity_ ^= 1;
     in_step_ = false;
     const double blocked = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -259,61 +159,6 @@ class NcclReducer final : public GradientReducer {
     in_step_ = true;
   }
 
-  bool query(cudaEvent_t e) {
-    const cudaError_t rc = cudaEventQuery(e);
-    if (rc == cudaSuccess) return true;
-    if (rc == cudaErrorNotReady) return false;
-    cuda_fail(rc, "cudaEventQuery", __FILE__, __LINE__);
-  }
-
-  // Polls until done() and the communicator has no operation in progress, failing on an
-  // asynchronous NCCL error or after options_.timeout_s of polling (each interval counted as
-  // at most kMaxTick, so time spent stopped does not count).
-  void await(const char* what, const std::function<bool()>& done) {
-    constexpr auto kMaxTick = std::chrono::seconds(1);
-    Clock::duration waited{};
-    auto last = Clock::now();
-    const auto limit = std::chrono::duration<double>(options_.timeout_s);
-    for (int spins = 0;; ++spins) {
-      ncclResult_t st = ncclSuccess;
-      const ncclResult_t rc = ncclCommGetAsyncError(nccl_, &st);
-      if (rc != ncclSuccess) fail(rc, "ncclCommGetAsyncError");
-      if (st != ncclSuccess && st != ncclInProgress) fail(st, what);
-      if (st == ncclSuccess && done()) return;
-      const auto now = Clock::now();
-      waited += std::min<Clock::duration>(now - last, kMaxTick);
-      last = now;
-      if (options_.timeout_s > 0 && waited > limit) {
-        ncclCommAbort(nccl_);
-        nccl_ = nullptr;
-        throw NcclError(fmt::format(
-            "{} did not complete within train.reducer_timeout_s = {:g} s ({}): a peer rank "
-            "died, stopped or hangs; the NCCL communicator was aborted. HINT: look at the other "
-            "ranks' logs for the first error, or raise train.reducer_timeout_s for very slow "
-            "steps",
-            what, options_.timeout_s, here(comm_)));
-      }
-      if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-
-  void check(ncclResult_t rc, const char* call) {
-    if (rc != ncclSuccess) fail(rc, call);
-  }
-
-  [[noreturn]] void fail(ncclResult_t rc, const char* call) {
-    const char* last = nccl_ != nullptr ? ncclGetLastError(nccl_) : "";
-    const std::string text = fmt::format("{} failed: {} ({}{}{}) on {}", call,
-                                         ncclGetErrorString(rc), static_cast<int>(rc),
-                                         last != nullptr && *last ? ": " : "",
-                                         last != nullptr ? last : "", here(comm_));
-    if (nccl_ != nullptr) {
-      ncclCommAbort(nccl_);
-      nccl_ = nullptr;
-    }
-    throw NcclError(text);
-  }
-
   mpi::Comm comm_;
   float* data_;
   std::size_t size_;
@@ -323,7 +168,7 @@ class NcclReducer final : public GradientReducer {
   cudaEvent_t produced_ = nullptr;
   std::array<cudaEvent_t, 2> done_{};
   int step_parity_ = 0;
-  ncclComm_t nccl_ = nullptr;
+  std::optional<NcclComm> nccl_;  // closed in the destructor, before the stream goes
   std::vector<Bucket> buckets_;
   std::size_t next_ = 0;
   bool in_step_ = false;

@@ -111,6 +111,7 @@ PipelineOptions pipeline_options(const TrainOptions& o) {
   p.schedule = o.pipeline_schedule;
   p.stage_boundaries = o.stage_boundaries;
   p.reducer = o.reducer;
+  p.link = o.stage_link;
   return p;
 }
 
@@ -118,6 +119,11 @@ PipelineOptions pipeline_options(const TrainOptions& o) {
 
 void validate(const TrainOptions& o) {
   validate(o.compute);
+  require(o.stage_link.backend != comm::LinkBackend::nccl || o.compute.backend == "cuda",
+          fmt::format("train.stage_link = nccl moves GPU buffers between pipeline stages, but "
+                      "train.backend = {} keeps them in host memory: set train.stage_link = "
+                      "auto or mpi, or train.backend = cuda",
+                      o.compute.backend));
   require(o.device_cache_bytes == 0 || o.compute.backend == "cuda",
           fmt::format("loader.device_cache_mb = {} keeps the training set in GPU memory, but "
                       "train.backend = {}: set train.backend = cuda, or loader.device_cache_mb "
@@ -374,6 +380,10 @@ std::string Trainer::reducer_description() const {
   if (text == "nccl") text += " (" + comm::nccl_version() + ")";
   if (!m.reducer_note.empty()) text += " (train.reducer = auto: not NCCL, as " + m.reducer_note + ")";
   return text;
+}
+std::string Trainer::link_description() const {
+  const Impl& m = *impl_;
+  return m.pipeline != nullptr ? m.pipeline->stage().link_description() : std::string();
 }
 std::string Trainer::reduction_description() const {
   const Impl& m = *impl_;

@@ -14,28 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "comm_gpu_util.hpp"
 #include "locus/comm/reducer.hpp"
 
 namespace locus::comm {
 namespace {
 
-void cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
-  }
-}
-#define CU(call) cuda((call), #call)
-
-std::optional<std::string> no_device() {
-  int count = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&count);
-  if (rc != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return std::string("no CUDA device (") + cudaGetErrorString(rc) +
-           "): GPU tests run on a GPU host (bench/gpu)";
-  }
-  return std::nullopt;
-}
+using test::no_device;
 
 class NcclReducer : public ::testing::Test {
  protected:

@@ -174,6 +174,58 @@ TEST_F(CudaPipeline, RunTwiceAndGraphsOnOrOffAreBitwiseEqual) {
   }
 }
 
+// train.stage_link: NCCL send/recv moves the same bytes as the host-staged MPI link, so a
+// 2-stage run through either is bitwise the same (1F1B and GPipe, evaluation included). Where
+// the two ranks cannot form an NCCL communicator (one GPU without run_gpu.sh's test-only host
+// ids), auto takes the staged link and says why, and nccl is an agreed ConfigError.
+TEST_F(CudaPipeline, NcclLinkTrainsBitwiseAsTheHostStagedLink) {
+  if (world_size() != 2) GTEST_SKIP() << "a 2-stage pipeline runs at 2 ranks";
+  std::string refused;
+  for (const auto sched : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
+    TrainOptions o = options(data(), "cuda", 2, 3, sched);
+    o.stage_link.backend = comm::LinkBackend::mpi;
+    const StageRun staged = train(o);
+    o.stage_link.backend = comm::LinkBackend::automatic;
+    const Grid grid(mpi::Comm::world(), 2);
+    Trainer t(grid, o);
+    const std::string link = t.link_description();
+    if (link.rfind("nccl", 0) != 0) {
+      EXPECT_EQ(link.rfind("mpi-host-staged (train.stage_link = auto: not NCCL, as pipeline "
+                           "ranks 0 and 1 share GPU ",
+                           0),
+                0u)
+          << link;
+      o.stage_link.backend = comm::LinkBackend::nccl;
+      try {
+        Trainer refusing(grid, o);
+        ADD_FAILURE() << "train.stage_link = nccl was accepted where auto said: " << link;
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("train.stage_link = nccl cannot be used: pipeline "
+                                             "ranks 0 and 1 share GPU"),
+                  std::string::npos)
+            << e.what();
+      }
+      refused = link;
+      continue;
+    }
+    Recorder rec;
+    t.train(&rec);
+    const StageRun nccl = finish(t, rec);
+    EXPECT_EQ(nccl.params, staged.params) << to_string(sched);
+    EXPECT_EQ(nccl.optimizer, staged.optimizer) << to_string(sched);
+    ASSERT_EQ(nccl.steps.size(), staged.steps.size());
+    for (std::size_t i = 0; i < staged.steps.size(); ++i) {
+      EXPECT_EQ(nccl.steps[i].loss, staged.steps[i].loss) << to_string(sched) << " step " << i;
+      EXPECT_EQ(nccl.steps[i].grad_norm, staged.steps[i].grad_norm) << "step " << i;
+    }
+    ASSERT_EQ(nccl.epochs.size(), staged.epochs.size());
+    for (std::size_t e = 0; e < staged.epochs.size(); ++e) {
+      EXPECT_EQ(nccl.epochs[e].eval.loss, staged.epochs[e].eval.loss) << "epoch " << e;
+    }
+  }
+  if (!refused.empty()) GTEST_SKIP() << "the NCCL link did not run here: " << refused;
+}
+
 // bf16 operands in the stages: each step's loss within the band of the whole-model GPU test
 // (5% + 0.02 of the fp32 CPU pipeline's).
 TEST_F(CudaPipeline, Bf16LossStaysInItsBand) {

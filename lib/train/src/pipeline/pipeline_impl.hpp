@@ -64,6 +64,9 @@ struct PipelineStage::Impl {
 
   ActivationSlot& acquire(int m, bool training);
   void release(int m);
+  // Collective over pp: the link train.stage_link asks for (sets link_note).
+  std::unique_ptr<comm::StageLink> make_link(const mpi::Comm& pp_comm,
+                                             const comm::LinkOptions& options);
   void post_input(int m, bool training);
   void forward_op(int m, int ahead, const PipelineBatch& b, bool training, std::uint64_t step);
   void backward_op(int m, const PipelineBatch& b, bool last_backward, LossStats& stats);
@@ -96,6 +99,7 @@ struct PipelineStage::Impl {
   StageRange range;
   mpi::Comm pp;  // the step's header, labels and targets, the shared loss
   // Activations and their gradients between neighbouring stages, in the backend's memory.
+  std::string link_note;  // why train.stage_link = auto did not take NCCL ("" if it did)
   std::unique_ptr<comm::StageLink> link;
   std::unique_ptr<comm::GradientReducer> reducer;
   // This stage's schedule; next_forward[i]: the micro-batch of the first forward after op i

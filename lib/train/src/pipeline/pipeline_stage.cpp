@@ -66,7 +66,7 @@ PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
       stages(grid.pipeline_stages()),
       range(partition.stage(grid.stage())),
       pp(grid.pp().dup()),
-      link(layer_ops->make_link(grid.pp())) {
+      link(make_link(grid.pp(), options.link)) {
   comm::ReducerOptions ro = opts.reducer;
   // Each micro-batch's loss divides by the GLOBAL batch: the sum over replicas is the mean.
   ro.mode = comm::ReduceMode::presummed_average;
@@ -79,6 +79,26 @@ PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
     next_forward[i] = next;
     if (ops[i].kind == PipelineOp::forward) next = ops[i].micro_batch;
   }
+}
+
+// NCCL between device stages where it can run (train.stage_link = nccl: an agreed ConfigError
+// where it cannot); otherwise the backend's own link -- MPI, host-staged for device buffers.
+// One stage: the backend's (nothing travels).
+std::unique_ptr<comm::StageLink> PipelineStage::Impl::make_link(const mpi::Comm& pp_comm,
+                                                                const comm::LinkOptions& o) {
+  const bool device = layer_ops->grads().space == comm::MemorySpace::cuda;
+  if (o.backend == comm::LinkBackend::nccl && !device) {
+    throw ConfigError("train.stage_link = nccl moves GPU buffers between pipeline stages, but "
+                      "this backend keeps them in host memory: set train.stage_link = auto or "
+                      "mpi, or train.backend = cuda");
+  }
+  if (stages > 1 && device && o.backend != comm::LinkBackend::mpi) {
+    static constexpr int kTags[] = {kActivationTag, kGradientTag};
+    if (o.backend == comm::LinkBackend::nccl) return comm::make_nccl_link(pp_comm, kTags, o);
+    link_note = comm::nccl_link_unusable_reason(pp_comm);
+    if (link_note.empty()) return comm::make_nccl_link(pp_comm, kTags, o);
+  }
+  return layer_ops->make_link(pp_comm);
 }
 
 // Stage 0 tells the others the row count and the gradient divisor (and the sample ids when
@@ -280,6 +300,7 @@ void PipelineStage::Impl::backward_op(int m, const PipelineBatch& b, bool last_b
 void PipelineStage::Impl::finish_sends() {
   const auto t = Clock::now();
   for (SendBuffer& b : dx_send) link->wait(b.req);
+  link->drain();  // NCCL: the step's transfers are done (a dead peer is noticed here)
   wait(label_req);
   wait(target_req);
   cur.wait_s += seconds_since(t);

@@ -106,5 +106,13 @@ const PipelineStepStats& PipelineStage::last_step() const noexcept { return impl
 std::size_t PipelineStage::peak_activation_bytes() const noexcept { return impl_->peak_bytes; }
 int PipelineStage::peak_live_micro_batches() const noexcept { return impl_->peak_live_count; }
 const comm::GradientReducer& PipelineStage::reducer() const noexcept { return *impl_->reducer; }
+std::string PipelineStage::link_description() const {
+  const Impl& m = *impl_;
+  if (m.stages == 1) return "";
+  std::string text(m.link->name());
+  if (text == "nccl") text += " (" + comm::nccl_version() + ")";
+  if (!m.link_note.empty()) text += " (train.stage_link = auto: not NCCL, as " + m.link_note + ")";
+  return text;
+}
 
 }  // namespace locus::train

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "locus/comm/link.hpp"
 #include "locus/comm/reducer.hpp"
 #include "locus/train/compute.hpp"
 #include "locus/train/grid.hpp"
@@ -57,6 +58,9 @@ struct TrainOptions {
   // train.reducer (auto: NCCL for device gradients where possible); mode is set by the trainer
   // (sums of pre-divided grads).
   comm::ReducerOptions reducer{comm::ReducerBackend::automatic};
+  // train.stage_link: how pipeline stages exchange activations and their gradients (auto: NCCL
+  // between GPU stages where every rank of the pipeline has a GPU of its own).
+  comm::LinkOptions stage_link;
   // The monitors (monitor/): the anomaly detector of every step (train.anomaly*) and the
   // per-interval straggler detector (train.straggler_*); stragglers_file: where world rank 0
   // keeps the current stragglers ("" : nowhere; locus-train uses <checkpoint.dir>/stragglers).
@@ -161,6 +165,9 @@ class Trainer {
   // The gradient reducer on this rank: "mpi", "mpi-host-staged", "nccl (NCCL 2.28.9)", with why
   // train.reducer = auto did not take NCCL where that applies.
   std::string reducer_description() const;
+  // The pipeline's stage link on this rank: "mpi", "mpi-host-staged", "nccl (NCCL 2.28.9)",
+  // with why train.stage_link = auto did not take NCCL where that applies; "" with one stage.
+  std::string link_description() const;
   // Which gradient reduction runs and why (train.reduction; comm::GradientReducer::reduction),
   // e.g. "flat (train.reduction = auto: 2 ranks on 1 node (2; shared memory), one node)".
   std::string reduction_description() const;

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "locus/comm/link.hpp"
 #include "locus/comm/reducer.hpp"
 #include "locus/train/compute.hpp"
 #include "locus/train/grid.hpp"
@@ -41,6 +42,7 @@ struct PipelineOptions {
   // layer indices: the first layer of stages 1, 2, ... ("train.stage_boundaries = 3,6").
   std::vector<int> stage_boundaries;
   comm::ReducerOptions reducer;  // the stage's gradient all-reduce over dp (mode is forced)
+  comm::LinkOptions link;        // between the stages (train.stage_link)
 };
 // Local checks (ConfigError naming the train.* key): micro_batches >= 1.
 void validate(const PipelineOptions& options);
@@ -184,6 +186,9 @@ class PipelineStage {
   std::size_t peak_activation_bytes() const noexcept;
   int peak_live_micro_batches() const noexcept;
   const comm::GradientReducer& reducer() const noexcept;
+  // The stage link ("mpi", "mpi-host-staged", "nccl (NCCL ...)") and why train.stage_link =
+  // auto did not take NCCL where that applies; "" with one stage (nothing travels).
+  std::string link_description() const;
 
  private:
   struct Impl;

@@ -1,0 +1,182 @@
+// The NCCL communicator shared by the NCCL reducer and the NCCL stage link (nccl_comm.hpp).
+#include "nccl_comm.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "locus/comm/error.hpp"
+
+namespace locus::comm::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct PeerDevice {
+  char host[64];
+  char bus[32];
+};
+
+// The host as NCCL tells hosts apart: NCCL_HOSTID where it is set (the test-only way to put
+// two ranks of one GPU in one communicator: each rank claims a host of its own, README "GPU
+// training"), else the host name.
+std::string nccl_host_identity() {
+  const char* id = std::getenv("NCCL_HOSTID");
+  return id != nullptr && *id != '\0' ? std::string(id) : mpi::hostname();
+}
+
+}  // namespace
+
+std::string device_text() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return "no device";
+  }
+  char bus[32] = "?";
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) cudaGetLastError();
+  return fmt::format("GPU {} ({})", device, bus);
+}
+
+void cuda_fail(cudaError_t rc, const char* call, const char* file, int line) {
+  throw CudaError(fmt::format("{} failed: {} ({}) at {} on {}", call, cudaGetErrorName(rc),
+                              cudaGetErrorString(rc), where(file, line), device_text()));
+}
+
+bool event_done(cudaEvent_t e) {
+  const cudaError_t rc = cudaEventQuery(e);
+  if (rc == cudaSuccess) return true;
+  if (rc == cudaErrorNotReady) return false;
+  cuda_fail(rc, "cudaEventQuery", __FILE__, __LINE__);
+}
+
+std::string duplicate_device_reason(const mpi::Comm& comm, std::string_view role) {
+  PeerDevice mine{};
+  std::strncpy(mine.host, nccl_host_identity().c_str(), sizeof(mine.host) - 1);
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetPCIBusId(mine.bus, sizeof(mine.bus), device) != cudaSuccess) {
+    cudaGetLastError();
+    std::strncpy(mine.bus, "none", sizeof(mine.bus) - 1);
+  }
+  std::vector<PeerDevice> all(static_cast<std::size_t>(comm.size()));
+  LOCUS_MPI_CHECK(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE,
+                                comm.get()));
+  for (std::size_t a = 0; a < all.size(); ++a) {
+    if (std::strcmp(all[a].bus, "none") == 0) {
+      return fmt::format("{} rank {} on {} has no current CUDA device", role, a, all[a].host);
+    }
+    for (std::size_t b = a + 1; b < all.size(); ++b) {
+      if (std::strcmp(all[a].host, all[b].host) == 0 && std::strcmp(all[a].bus, all[b].bus) == 0) {
+        return fmt::format("{} ranks {} and {} share GPU {} on {} (NCCL refuses two ranks of "
+                           "one communicator on one device)",
+                           role, a, b, all[a].bus, all[a].host);
+      }
+    }
+  }
+  return "";
+}
+
+void pin_deterministic_algorithm() {
+  setenv("NCCL_ALGO", "Ring", 0);
+  setenv("NCCL_PROTO", "Simple", 0);
+}
+
+NcclComm::NcclComm(const mpi::Comm& comm, std::string role, NcclTimeout timeout)
+    : rank_(comm.rank()), size_(comm.size()), role_(std::move(role)), timeout_(std::move(timeout)) {
+  ncclUniqueId id{};
+  if (comm.is_root()) {
+    const ncclResult_t rc = ncclGetUniqueId(&id);
+    if (rc != ncclSuccess) fail(rc, "ncclGetUniqueId");
+  }
+  comm.bcast(std::span<char>(id.internal, sizeof(id.internal)), 0);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // abortable while a peer is stuck
+  const ncclResult_t rc = ncclCommInitRankConfig(&nccl_, size_, id, rank_, &config);
+  if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, "ncclCommInitRankConfig");
+  await("ncclCommInitRankConfig", [] { return true; });
+}
+
+NcclComm::~NcclComm() { close(false); }
+
+void NcclComm::issued(ncclResult_t rc, const char* call) {
+  if (rc == ncclInProgress) {
+    await(call, [] { return true; });
+  } else if (rc != ncclSuccess) {
+    fail(rc, call);
+  }
+}
+
+void NcclComm::await(const char* what, const std::function<bool()>& done) {
+  constexpr auto kMaxTick = std::chrono::seconds(1);
+  Clock::duration waited{};
+  auto last = Clock::now();
+  const auto limit = std::chrono::duration<double>(timeout_.seconds);
+  for (int spins = 0;; ++spins) {
+    LOCUS_ASSERT(nccl_ != nullptr, fmt::format("{} on an aborted NCCL communicator", what));
+    ncclResult_t st = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(nccl_, &st);
+    if (rc != ncclSuccess) fail(rc, "ncclCommGetAsyncError");
+    if (st != ncclSuccess && st != ncclInProgress) fail(st, what);
+    if (st == ncclSuccess && done()) return;
+    const auto now = Clock::now();
+    waited += std::min<Clock::duration>(now - last, kMaxTick);
+    last = now;
+    if (timeout_.seconds > 0 && waited > limit) {
+      ncclCommAbort(nccl_);
+      nccl_ = nullptr;
+      throw NcclError(fmt::format(
+          "{} did not complete within {} = {:g} s ({}): a peer rank died, stopped or hangs; the "
+          "NCCL communicator was aborted. HINT: look at the other ranks' logs for the first "
+          "error, or raise {} for very slow steps",
+          what, timeout_.key, timeout_.seconds, here(), timeout_.key));
+    }
+    if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void NcclComm::fail(ncclResult_t rc, const char* call) {
+  const char* last = nccl_ != nullptr ? ncclGetLastError(nccl_) : "";
+  const std::string text = fmt::format("{} failed: {} ({}{}{}) on {}", call,
+                                       ncclGetErrorString(rc), static_cast<int>(rc),
+                                       last != nullptr && *last ? ": " : "",
+                                       last != nullptr ? last : "", here());
+  if (nccl_ != nullptr) {
+    ncclCommAbort(nccl_);
+    nccl_ = nullptr;
+  }
+  throw NcclError(text);
+}
+
+void NcclComm::close(bool healthy) noexcept {
+  if (nccl_ == nullptr) return;
+  if (healthy && ncclCommFinalize(nccl_) != ncclSuccess) healthy = false;
+  if (healthy) {
+    ncclResult_t st = ncclInProgress;
+    const auto start = Clock::now();
+    while (st == ncclInProgress && Clock::now() - start < std::chrono::seconds(10)) {
+      if (ncclCommGetAsyncError(nccl_, &st) != ncclSuccess) break;
+    }
+    healthy = st == ncclSuccess;
+  }
+  if (healthy) {
+    ncclCommDestroy(nccl_);
+  } else {
+    ncclCommAbort(nccl_);
+  }
+  nccl_ = nullptr;
+}
+
+std::string NcclComm::here() const {
+  return fmt::format("{} rank {}/{} on {}, {}", role_, rank_, size_, mpi::hostname(),
+                     device_text());
+}
+
+}  // namespace locus::comm::detail

@@ -1,0 +1,92 @@
+// Private to lib/comm (built with LOCUS_WITH_NCCL): an NCCL communicator over the ranks of an
+// MPI communicator, and what the NCCL gradient reducer and the NCCL stage link share about
+// it: how it is made, how the host waits for it, how its errors read.
+//
+// The communicator is made from the MPI communicator (rank 0's ncclGetUniqueId sent with
+// MPI_Bcast, ncclCommInitRankConfig on the rank's current device) in non-blocking mode, so an
+// operation stuck on a dead or stopped peer can be aborted: whenever the host waits it polls
+// ncclCommGetAsyncError and gives up after the timeout with ncclCommAbort and an NcclError
+// naming the operation, the rank, the host and the device. A SIGSTOP counts as at most one
+// poll interval of that time, so a suspended job does not time out when it is continued.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "locus/comm/mpi.hpp"
+
+namespace locus::comm::detail {
+
+// "GPU 0 (0000:19:00.0)" for the current device, or "no device".
+std::string device_text();
+
+// A CudaError naming the call, where it was made and the current device.
+[[noreturn]] void cuda_fail(cudaError_t rc, const char* call, const char* file, int line);
+
+#define LOCUS_NCCL_CUDA(call)                                                                   \
+  do {                                                                                          \
+    const cudaError_t locus_rc_ = (call);                                                       \
+    if (locus_rc_ != cudaSuccess) ::locus::comm::detail::cuda_fail(locus_rc_, #call, __FILE__, \
+                                                                   __LINE__);                   \
+  } while (0)
+
+// Whether the work recorded in e has completed (a CudaError on a failed query).
+bool event_done(cudaEvent_t e);
+
+// Collective over comm: why the ranks' current CUDA devices cannot form one NCCL communicator
+// (two ranks on one GPU, a rank without a device), or "" when they can. `role` names the
+// ranks in the reason ("data-parallel", "pipeline").
+std::string duplicate_device_reason(const mpi::Comm& comm, std::string_view role);
+
+// Pins what makes NCCL's summation order fixed (NCCL_ALGO=Ring, NCCL_PROTO=Simple), unless the
+// user set them: the same run on the same GPUs gives the same bits.
+void pin_deterministic_algorithm();
+
+// What a wait gives up after: seconds (0: never) and the option that sets them, for messages.
+struct NcclTimeout {
+  double seconds = 600;
+  std::string key = "train.reducer_timeout_s";
+};
+
+class NcclComm {
+ public:
+  // Collective over comm: a non-blocking NCCL communicator of comm's ranks, each on its current
+  // device. `role` names the ranks in messages ("data-parallel", "pipeline").
+  NcclComm(const mpi::Comm& comm, std::string role, NcclTimeout timeout);
+  // Aborts a communicator that close() did not finish. Never throws.
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  ncclComm_t get() const noexcept { return nccl_; }
+
+  // The result of an NCCL call that enqueues work: ncclInProgress is waited out (the call is
+  // then issued), anything else but ncclSuccess fails.
+  void issued(ncclResult_t rc, const char* call);
+  // Polls until done() and the communicator has no operation in progress; fails on an
+  // asynchronous NCCL error, and after the timeout aborts the communicator and throws an
+  // NcclError naming `what` (each poll interval counted as at most a second).
+  void await(const char* what, const std::function<bool()>& done);
+  // Aborts the communicator and throws an NcclError naming the call and NCCL's last error.
+  [[noreturn]] void fail(ncclResult_t rc, const char* call);
+
+  // Finalizes and destroys the communicator when `healthy` (every operation waited for) and
+  // NCCL agrees within 10 s, else aborts it. Never throws; idempotent.
+  void close(bool healthy) noexcept;
+
+  // "pipeline rank 1/2 on host, GPU 0 (0000:19:00.0)": where a message comes from.
+  std::string here() const;
+
+ private:
+  int rank_ = 0;
+  int size_ = 0;
+  std::string role_;
+  NcclTimeout timeout_;
+  ncclComm_t nccl_ = nullptr;
+};
+
+}  // namespace locus::comm::detail

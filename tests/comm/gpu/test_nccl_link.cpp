@@ -1,0 +1,198 @@
+// The NCCL stage link (lib/comm/src/nccl_link.cpp) on real devices: the ranks form a pipeline
+// and pass buffers up (tag 1) and back down (tag 2) in a pipeline's order -- the next input's
+// receive posted before this output is sent, several transfers in flight, lengths from 0 to
+// 1 Mi floats -- and every buffer arrives with the bits sent, in order, after the work queued
+// on the sender's stream; drain() then finds nothing in flight. Refusals: a host buffer, an
+// unknown tag, the rank itself as peer (InternalError); ranks that share a GPU (an agreed
+// ConfigError naming why: NCCL refuses them in one communicator; train.stage_link = auto then
+// takes the host-staged link). Two ranks on one GPU form a communicator only with the
+// test-only host ids of bench/gpu/hostid_rank.sh.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "locus/comm/error.hpp"
+#include "comm_gpu_util.hpp"
+#include "locus/comm/link.hpp"
+
+namespace locus::comm {
+namespace {
+
+using test::no_device;
+
+constexpr int kUp = 1, kDown = 2;
+constexpr int kTags[] = {kUp, kDown};
+
+// The k-th message's length: 0, small, odd and one over NCCL's own buffering (1 Mi floats).
+std::size_t length(int k) {
+  constexpr std::size_t lengths[] = {7, 0, (std::size_t{1} << 20) + 1, 333, 4096};
+  return lengths[static_cast<std::size_t>(k) % std::size(lengths)];
+}
+constexpr int kMessages = 5;
+
+// What the k-th message in direction `tag` holds once it left its origin: exact in float.
+float value(int tag, int k, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 2654435761u + 131u * static_cast<unsigned>(k) +
+                                              7u * static_cast<unsigned>(tag)) %
+                                             4001u) -
+                            2000) /
+         32.0f;
+}
+std::vector<float> payload(int tag, int k) {
+  std::vector<float> v(length(k));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(tag, k, i);
+  return v;
+}
+
+// A device buffer of n floats (never null, so a zero-length one is a valid pointer too).
+struct DeviceBuffer {
+  explicit DeviceBuffer(std::size_t n) : size(n) {
+    CU(cudaMalloc(&data, std::max<std::size_t>(n, 1) * sizeof(float)));
+  }
+  ~DeviceBuffer() { cudaFree(data); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  float* data = nullptr;
+  std::size_t size;
+};
+
+class NcclLink : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const mpi::Comm world = mpi::Comm::world();
+    const int missing = world.allreduce(no_device() ? 1 : 0, MPI_MAX);
+    if (missing != 0) GTEST_SKIP() << (no_device() ? *no_device() : "a peer rank has no device");
+    int count = 0;
+    CU(cudaGetDeviceCount(&count));
+    CU(cudaSetDevice(world.rank() % count));
+    CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  GradientBuffer view(const DeviceBuffer& b) const {
+    return {b.data, b.size, MemorySpace::cuda, stream_};
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
+  const mpi::Comm world = mpi::Comm::world();
+  const int n = world.size(), r = world.rank();
+  if (n < 2) GTEST_SKIP() << "a stage link needs 2 ranks or more";
+  const std::string why = nccl_link_unusable_reason(world);
+  if (!why.empty()) {
+    // The ranks share a device: every rank refuses alike, naming why.
+    try {
+      make_nccl_link(world, kTags, LinkOptions{});
+      ADD_FAILURE() << "NCCL accepted ranks that " << why;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("train.stage_link = nccl cannot be used: " + why),
+                std::string::npos)
+          << e.what();
+    }
+    GTEST_SKIP() << "NCCL refused, as it must: " << why;
+  }
+  const auto link = make_nccl_link(world, kTags, LinkOptions{});
+  EXPECT_EQ(link->name(), "nccl");
+  const bool first = r == 0, last = r == n - 1;
+  // Per message: what came in from below / above and what goes on (device), and what the ends
+  // read back (host).
+  std::vector<std::unique_ptr<DeviceBuffer>> up_in, up_out, down_in, down_out;
+  std::vector<LinkRequest> up_recv(kMessages), up_send(kMessages), down_recv(kMessages),
+      down_send(kMessages);
+  std::vector<std::vector<float>> got_up(kMessages), got_down(kMessages);
+  for (int k = 0; k < kMessages; ++k) {
+    for (auto* v : {&up_in, &up_out, &down_in, &down_out}) {
+      v->push_back(std::make_unique<DeviceBuffer>(length(k)));
+    }
+  }
+  const auto at = [](auto& v, int k) -> auto& { return v[static_cast<std::size_t>(k)]; };
+  // The origin's data, put on the stream before the send: the link must order itself after it.
+  const auto fill = [&](DeviceBuffer& b, int tag, int k, std::vector<float>& keep) {
+    keep = payload(tag, k);
+    CU(cudaMemcpyAsync(b.data, keep.data(), keep.size() * sizeof(float), cudaMemcpyHostToDevice,
+                       stream_));
+  };
+  std::vector<std::vector<float>> sent_up(kMessages), sent_down(kMessages);
+  if (!first) link->recv(view(*at(up_in, 0)), r - 1, kUp, at(up_recv, 0));
+  for (int k = 0; k < kMessages; ++k) {
+    // Forward of message k: its input (posted one ahead), the next input posted, then on up.
+    if (first) {
+      fill(*at(up_out, k), kUp, k, at(sent_up, k));
+    } else {
+      link->wait(at(up_recv, k));
+      if (k + 1 < kMessages) link->recv(view(*at(up_in, k + 1)), r - 1, kUp, at(up_recv, k + 1));
+      CU(cudaMemcpyAsync(at(up_out, k)->data, at(up_in, k)->data, length(k) * sizeof(float),
+                         cudaMemcpyDeviceToDevice, stream_));
+    }
+    if (!last) {
+      link->send(view(*at(up_out, k)), r + 1, kUp, at(up_send, k));
+      link->recv(view(*at(down_in, k)), r + 1, kDown, at(down_recv, k));
+    } else {
+      at(got_up, k).resize(length(k));
+      CU(cudaMemcpyAsync(at(got_up, k).data(), at(up_out, k)->data, length(k) * sizeof(float),
+                         cudaMemcpyDeviceToHost, stream_));
+    }
+    // Backward of message k: from the last rank down to the first.
+    if (last) {
+      fill(*at(down_out, k), kDown, k, at(sent_down, k));
+    } else {
+      link->wait(at(down_recv, k));
+      CU(cudaMemcpyAsync(at(down_out, k)->data, at(down_in, k)->data, length(k) * sizeof(float),
+                         cudaMemcpyDeviceToDevice, stream_));
+    }
+    if (!first) {
+      link->send(view(*at(down_out, k)), r - 1, kDown, at(down_send, k));
+    } else {
+      at(got_down, k).resize(length(k));
+      CU(cudaMemcpyAsync(at(got_down, k).data(), at(down_out, k)->data,
+                         length(k) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+  }
+  for (auto* reqs : {&up_send, &down_send, &up_recv, &down_recv}) {
+    for (LinkRequest& q : *reqs) {
+      link->wait(q);
+      EXPECT_FALSE(q.active());
+    }
+  }
+  link->drain();
+  CU(cudaStreamSynchronize(stream_));
+  for (int k = 0; k < kMessages; ++k) {
+    if (last) {
+      EXPECT_EQ(at(got_up, k), payload(kUp, k)) << "message " << k << " up";
+    }
+    if (first) {
+      EXPECT_EQ(at(got_down, k), payload(kDown, k)) << "message " << k << " down";
+    }
+  }
+  LinkRequest idle;
+  link->wait(idle);  // nothing in flight: returns at once
+  EXPECT_FALSE(idle.active());
+}
+
+TEST_F(NcclLink, RefusesHostBuffersUnknownTagsAndItself) {
+  const mpi::Comm world = mpi::Comm::world();
+  if (!nccl_link_unusable_reason(world).empty()) {
+    GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
+  }
+  const auto link = make_nccl_link(world, kTags, LinkOptions{});
+  const int other = (world.rank() + 1) % world.size();
+  DeviceBuffer d(4);
+  float host = 0;
+  LinkRequest q;
+  EXPECT_THROW(link->send({&host, 1, MemorySpace::host, nullptr}, other, kUp, q), InternalError);
+  EXPECT_THROW(link->send(view(d), other, 99, q), InternalError);
+  EXPECT_THROW(link->recv(view(d), world.rank(), kUp, q), InternalError);
+  EXPECT_FALSE(q.active());
+  link->drain();  // nothing was started
+}
+
+}  // namespace
+}  // namespace locus::comm
