@@ -192,6 +192,12 @@ void TrainSettings::register_options(Config& c) {
         "it is copied to the GPU once and batches are gathered there (0: stream every batch "
         "from pinned host memory)",
         in_range(std::int64_t{0}, std::int64_t{1} << 30));
+  c.add_choice("loader.gather", gather, {"host", "device"},
+               "cuda: who gathers a training batch's rows from this rank's samples in memory: "
+               "host (the loader's threads copy them into page-locked batches, which go to the "
+               "GPU) or device (the samples are page-locked in place once and a kernel reads "
+               "each batch's rows straight from host memory over the host link, ahead of its "
+               "step; not with loader.device_cache_mb)");
   c.add("loader.background", background,
         "read ahead on a producer thread (false: read inside the step, on the training thread)");
   c.add("eval.batch", eval_batch, "global rows per evaluation batch",
@@ -325,6 +331,7 @@ train::TrainOptions TrainSettings::to_options() const {
   o.compute.graphs = graphs;
   o.compute.measure_gemms = gemm_select == "measure";
   o.device_cache_bytes = static_cast<std::uint64_t>(device_cache_mb) << 20;
+  o.device_gather = gather == "device";
   o.reducer.bucket_bytes = static_cast<std::size_t>(bucket_kb) << 10;
   o.reducer.backend = comm::parse_reducer_backend(reducer);
   o.reducer.reduction = comm::parse_reduction(reduction);

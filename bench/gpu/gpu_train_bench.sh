@@ -14,7 +14,8 @@
 #     EPOCHS=4   STEP_TIMEOUT=90 (s per run)   BUDGET_S=240 (rows left after this are skipped)
 #     LAUNCH=auto|direct|mpirun  (auto: run the apps directly as MPI singletons, or through
 #                                 `mpirun --allow-run-as-root --oversubscribe -n 1` if that fails)
-#     ROWS="backend:precision:batch:cache_mb:graphs ..." (graphs: true|false|- for the default)
+#     ROWS="backend:precision:batch:cache_mb:graphs ..." (graphs: true|false|- for the default;
+#                   cache_mb "map": no device cache, loader.gather = device)
 #     CPU_THREADS=1 (train.threads of the cpu rows)   PYTHON=python3   EXTRA="--key=value ..."
 #     DATA=FILE.h5  train on this file instead (a locus dataset, or any HDF5 file with /features
 #                   [N, D] float and /labels [N] integer: docs/FORMATS.md): no locus-ingest; with
@@ -37,6 +38,7 @@ if [[ -z ${ROWS:-} ]]; then
       for b in 128 1024 8192; do ROWS+=" cuda:$prec:$b:$cache:true"; done
     done
   done
+  ROWS+=" cuda:fp32:1024:map:true cuda:fp32:8192:map:true cuda:bf16:8192:map:true"
   ROWS+=" cuda:fp32:128:1024:false cuda:fp32:8192:1024:false cpu:fp32:128:0:- cpu:fp32:1024:0:-"
 fi
 mkdir -p "$work/logs"
@@ -133,7 +135,11 @@ for row in $ROWS; do
         --optim.schedule=constant --optim.warmup_steps=0
         --train.backend="$backend")
   if [[ $backend == cuda ]]; then
-    args+=(--train.precision="$prec" --loader.device_cache_mb="$cache")
+    if [[ $cache == map ]]; then
+      args+=(--train.precision="$prec" --loader.device_cache_mb=0 --loader.gather=device)
+    else
+      args+=(--train.precision="$prec" --loader.device_cache_mb="$cache")
+    fi
     [[ $graphs == - ]] || args+=(--train.graphs="$graphs")
   else
     args+=(--train.threads="$cpu_threads")

@@ -80,5 +80,27 @@ TEST(CudaRefusal, DeviceCacheNeedsTheCudaBackend) {
   EXPECT_NE(message.find("set train.backend = cuda"), std::string::npos) << message;
 }
 
+// loader.gather = device alike: a GPU feature, refused on the cpu backend; and beside the
+// device cache (both would feed the batches) it is refused first, on any backend and host,
+// naming both keys.
+TEST(CudaRefusal, DeviceGatherNeedsTheCudaBackendAndNoCache) {
+  const mpi::Comm world = mpi::Comm::world();
+  Data d(world);
+  const Grid grid(world, 1);
+  TrainOptions o = small_options(d);
+  o.device_gather = true;
+  const std::string cpu = locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+  EXPECT_NE(cpu.find("loader.gather = device gathers batches on the GPU, but train.backend = "
+                     "cpu: set loader.gather = host, or train.backend = cuda"),
+            std::string::npos)
+      << cpu;
+  o.device_cache_bytes = std::uint64_t{64} << 20;
+  const std::string both = locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+  EXPECT_NE(both.find("loader.gather = device reads the samples from host memory, "
+                      "loader.device_cache_mb = 64 copies them to the GPU: choose one"),
+            std::string::npos)
+      << both;
+}
+
 }  // namespace
 }  // namespace locus::train::test

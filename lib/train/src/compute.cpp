@@ -74,6 +74,12 @@ void Compute::cache_dataset(std::span<const float>, std::int64_t, std::int64_t) 
                                 name()));
 }
 
+void Compute::map_dataset(std::span<const float>, std::int64_t, std::int64_t) {
+  throw ConfigError(fmt::format("loader.gather = device needs a GPU backend: the {} backend "
+                                "reads batches from host memory (set loader.gather = host)",
+                                name()));
+}
+
 namespace detail {
 
 std::unique_ptr<LayerOps> make_layer_ops(const ComputeOptions& options, const mpi::Comm& world,

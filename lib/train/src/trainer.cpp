@@ -118,11 +118,20 @@ PipelineOptions pipeline_options(const TrainOptions& o) {
 }  // namespace
 
 void validate(const TrainOptions& o) {
+  require(!o.device_gather || o.device_cache_bytes == 0,
+          fmt::format("loader.gather = device reads the samples from host memory, "
+                      "loader.device_cache_mb = {} copies them to the GPU: choose one (the "
+                      "cache where the samples fit in GPU memory)",
+                      o.device_cache_bytes >> 20));
   validate(o.compute);
   require(o.stage_link.backend != comm::LinkBackend::nccl || o.compute.backend == "cuda",
           fmt::format("train.stage_link = nccl moves GPU buffers between pipeline stages, but "
                       "train.backend = {} keeps them in host memory: set train.stage_link = "
                       "auto or mpi, or train.backend = cuda",
+                      o.compute.backend));
+  require(!o.device_gather || o.compute.backend == "cuda",
+          fmt::format("loader.gather = device gathers batches on the GPU, but train.backend = "
+                      "{}: set loader.gather = host, or train.backend = cuda",
                       o.compute.backend));
   require(o.device_cache_bytes == 0 || o.compute.backend == "cuda",
           fmt::format("loader.device_cache_mb = {} keeps the training set in GPU memory, but "
@@ -191,7 +200,7 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     LoaderOptions eval_data = eval_loader_options(opts);
     if (compute) {
       train_data.host_memory = eval_data.host_memory = compute->host_memory();
-      train_data.gather_features = opts.device_cache_bytes == 0;
+      train_data.gather_features = opts.device_cache_bytes == 0 && !opts.device_gather;
     }
     train_data.gather_threads = eval_data.gather_threads =
         gather_threads(opts.data.gather_threads, train_data.host_memory != nullptr,
@@ -234,6 +243,12 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     // The stages compute on the backend's layer operations; the device cache feeds whole-model
     // steps only (stage 0 would need its own): say so rather than ignore it.
     mpi::agree_on(g.world(), [&] {
+      require(!opts.device_gather,
+              fmt::format("loader.gather = device with train.pipeline_stages = {} and "
+                          "train.micro_batches = {}: the device gathers batches for whole-model "
+                          "steps only in this version; set loader.gather = host, or "
+                          "pipeline_stages = micro_batches = 1",
+                          opts.pipeline_stages, opts.micro_batches));
       require(opts.device_cache_bytes == 0,
               fmt::format("loader.device_cache_mb = {} with train.pipeline_stages = {} and "
                           "train.micro_batches = {}: the device cache serves whole-model steps "
@@ -250,6 +265,12 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     return;
   }
   if (opts.device_cache_bytes > 0) mpi::agree_on(g.world(), [&] { cache_on_device(); });
+  if (opts.device_gather) {
+    mpi::agree_on(g.world(), [&] {
+      const ResidentData r = loader->resident();
+      compute->map_dataset(r.x, r.rows, r.cols);
+    });
+  }
   comm::ReducerOptions ro = opts.reducer;
   // Each rank's loss already divides by the GLOBAL batch (loss.hpp), so the plain sum over
   // ranks is the gradient of the global-batch mean: no division pass.

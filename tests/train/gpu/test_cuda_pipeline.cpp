@@ -274,6 +274,14 @@ TEST_F(CudaPipeline, DeviceCacheWithMicroBatchesIsAnAgreedConfigError) {
   EXPECT_NE(message.find("loader.device_cache_mb = 64"), std::string::npos) << message;
   EXPECT_NE(message.find("train.micro_batches = 2"), std::string::npos) << message;
   EXPECT_NE(message.find("set loader.device_cache_mb = 0"), std::string::npos) << message;
+  o.device_cache_bytes = 0;
+  o.device_gather = true;
+  const std::string gather =
+      locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+  EXPECT_NE(gather.find("loader.gather = device with train.pipeline_stages = 1 and "
+                        "train.micro_batches = 2"),
+            std::string::npos)
+      << gather;
 }
 
 }  // namespace

@@ -132,20 +132,31 @@ TEST_F(CudaTrainer, SameConfigTwiceIsBitwiseEqualWithAndWithoutGraphs) {
   }
 }
 
-// The device cache gathers each batch on the GPU from the rank's resident rows: the same
-// batches in the same order as the streamed path, so bitwise the same training.
-TEST_F(CudaTrainer, DeviceCacheTrainsBitwiseLikeTheStreamedPath) {
+// The device cache gathers each batch on the GPU from the rank's resident rows, and
+// loader.gather = device gathers them from those rows in (mapped) host memory: the same batches
+// in the same order as the streamed path, so bitwise the same training, with and without
+// CUDA graphs.
+TEST_F(CudaTrainer, DeviceCacheAndDeviceGatherTrainBitwiseLikeTheStreamedPath) {
   for (const Shuffle shuffle : {Shuffle::global, Shuffle::local}) {
-    TrainOptions o = options(data(), "cuda");
-    o.data.shuffle = shuffle;
-    const Outcome streamed = train(o);
-    o.device_cache_bytes = std::uint64_t{64} << 20;
-    const Outcome cached = train(o);
-    SCOPED_TRACE(to_string(shuffle));
-    EXPECT_EQ(cached.params, streamed.params);
-    ASSERT_EQ(cached.steps.size(), streamed.steps.size());
-    for (std::size_t i = 0; i < cached.steps.size(); ++i) {
-      EXPECT_EQ(cached.steps[i].loss, streamed.steps[i].loss);
+    for (const bool graphs : {true, false}) {
+      TrainOptions o = options(data(), "cuda");
+      o.data.shuffle = shuffle;
+      o.compute.graphs = graphs;
+      const Outcome streamed = train(o);
+      o.device_cache_bytes = std::uint64_t{64} << 20;
+      const Outcome cached = train(o);
+      o.device_cache_bytes = 0;
+      o.device_gather = true;
+      const Outcome mapped = train(o);
+      SCOPED_TRACE(std::string(to_string(shuffle)) + (graphs ? ", graphs" : ", no graphs"));
+      for (const Outcome* got : {&cached, &mapped}) {
+        const char* what = got == &cached ? "device cache" : "device gather";
+        EXPECT_EQ(got->params, streamed.params) << what;
+        ASSERT_EQ(got->steps.size(), streamed.steps.size()) << what;
+        for (std::size_t i = 0; i < got->steps.size(); ++i) {
+          EXPECT_EQ(got->steps[i].loss, streamed.steps[i].loss) << what << ", step " << i;
+        }
+      }
     }
   }
 }

@@ -74,6 +74,7 @@ class CudaCompute final : public Compute {
   double take_step_values(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
   void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
+  void map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
   void prefetch_inputs(const Batch& batch) override;
   void drop_prefetched() override;
   std::shared_ptr<HostMemory> host_memory() override {
@@ -141,6 +142,10 @@ class CudaCompute final : public Compute {
   // The device cache: the rank's resident rows, batches gathered from it by index.
   DeviceBuffer<float> cached_x_;
   std::int64_t cached_rows_ = 0;
+  // loader.gather = device: the loader's resident block, page-locked in place (registered_,
+  // unregistered last) and read by the device through mapped_x_.
+  void* registered_ = nullptr;
+  const float* mapped_x_ = nullptr;
   bool scale_is_one_ = false;
   // Loss sums of the steps not yet drained: pinned ring filled by D2H copies on compute_.
   PinnedBuffer<DeviceLossStats> stats_ring_;
@@ -187,6 +192,7 @@ CudaCompute::~CudaCompute() {
   // Work may still be queued: let it finish before the buffers go (never throw here).
   if (compute_) cudaStreamSynchronize(compute_.get());
   if (copy_) cudaStreamSynchronize(copy_.get());
+  if (registered_ != nullptr) cudaHostUnregister(registered_);
 }
 
 void CudaCompute::sync_from_host() { dstate_.sync_from_host(compute_.get()); }
@@ -201,6 +207,24 @@ void CudaCompute::cache_dataset(std::span<const float> x, std::int64_t rows, std
   LOCUS_CUDA_CHECK(cudaMemcpy(cached_x_.data(), x.data(), x.size_bytes(), cudaMemcpyHostToDevice));
   cached_rows_ = rows;
   pass_graphs_.clear();
+}
+
+void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
+  LOCUS_ASSERT(cols == input_width() && x.size() == static_cast<std::size_t>(rows * cols),
+               "the mapped block must be rows x input width");
+  LOCUS_ASSERT(registered_ == nullptr && cached_x_.size() == 0,
+               "a dataset is mapped once, and not beside a device cache");
+  if (x.empty()) return;  // a rank without rows has no batches to gather
+  void* host = const_cast<float*>(x.data());  // the device only reads it
+  int read_only = 0;
+  LOCUS_CUDA_CHECK(
+      cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_.index));
+  const unsigned flags = cudaHostRegisterMapped | (read_only != 0 ? cudaHostRegisterReadOnly : 0u);
+  LOCUS_CUDA_CHECK(cudaHostRegister(host, x.size_bytes(), flags));
+  registered_ = host;
+  void* device = nullptr;
+  LOCUS_CUDA_CHECK(cudaHostGetDevicePointer(&device, host, 0));
+  mapped_x_ = static_cast<const float*>(device);
 }
 
 void CudaCompute::ensure_capacity(int rows) {
@@ -235,10 +259,16 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   auto h2d = [&](void* dst, const void* src, std::size_t bytes) {
     if (bytes > 0) LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
   };
-  if (cached_x_.size() > 0) {
+  if (cached_x_.size() > 0 || registered_ != nullptr) {
     LOCUS_ASSERT(b.x.empty() && b.resident_rows.size() == static_cast<std::size_t>(b.rows),
-                 "a cached dataset's batches come as resident row indices");
+                 "a cached or mapped dataset's batches come as resident row indices");
     h2d(slot.resident_rows.data(), b.resident_rows.data(), b.resident_rows.size_bytes());
+    if (mapped_x_ != nullptr) {
+      // The rows straight from host memory, on the copy stream while the previous step
+      // computes; a capped grid leaves the compute kernels most of the SMs.
+      gather_rows(mapped_x_, slot.resident_rows.data(), slot.x.data(), b.rows, input_width(),
+                  nullptr, nullptr, s, std::max(8, device_.multiprocessors / 2));
+    }
   } else {
     h2d(slot.x.data(), b.x.data(), b.x.size_bytes());
   }

@@ -8,6 +8,7 @@
 // Expressions mirror the CPU references operation for operation (nvcc runs with --fmad=false,
 // like -ffp-contract=off on the CPU, and with IEEE division and sqrt), so the optimizers give
 // the CPU's bits on the same inputs; only expf/logf/tanhf differ from glibc by an ulp or so.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -892,16 +893,24 @@ void add_into(float* dst, const float* src, std::size_t n, cudaStream_t s) {
 }
 
 void gather_rows(const float* src, const std::int64_t* index, float* dst, int rows, int cols,
-                 const std::int32_t* src_labels, std::int32_t* dst_labels, cudaStream_t s) {
+                 const std::int32_t* src_labels, std::int32_t* dst_labels, cudaStream_t s,
+                 int max_blocks) {
   if (rows <= 0 || cols <= 0) return;
   const std::int32_t* from_labels = dst_labels != nullptr ? src_labels : nullptr;
   std::int32_t* to_labels = src_labels != nullptr ? dst_labels : nullptr;
+  const auto capped = [&](RowShape sh) {
+    if (max_blocks > 0) {
+      const unsigned y = std::max(1u, static_cast<unsigned>(max_blocks) / sh.grid.x);
+      sh.grid.y = std::min(sh.grid.y, y);
+    }
+    return sh;
+  };
   if (cols % 4 == 0 && aligned(src, 16) && aligned(dst, 16)) {
-    const RowShape sh = row_shape(rows, cols / 4);
+    const RowShape sh = capped(row_shape(rows, cols / 4));
     gather_kernel<4><<<sh.grid, sh.block, 0, s>>>(src, index, dst, rows, cols, from_labels,
                                                   to_labels);
   } else {
-    const RowShape sh = row_shape(rows, cols);
+    const RowShape sh = capped(row_shape(rows, cols));
     gather_kernel<1><<<sh.grid, sh.block, 0, s>>>(src, index, dst, rows, cols, from_labels,
                                                   to_labels);
   }

@@ -136,10 +136,13 @@ void grad_sum_of_squares(const float* g, std::size_t n, double* scratch, double*
 // CPU reference: cpu_layer_ops.cpp finish_bias.
 void add_into(float* dst, const float* src, std::size_t n, cudaStream_t s);
 
-// dst[r, :] = src[index[r], :] for r < rows (device cache: batches gathered by index), and the
-// same for int32 labels when both label pointers are non-null.
+// dst[r, :] = src[index[r], :] for r < rows (device cache: batches gathered by index; src may
+// also be mapped host memory, loader.gather = device), and the same for int32 labels when both
+// label pointers are non-null. max_blocks > 0 caps the grid (the rows are strided over it), so
+// a gather beside the compute stream's kernels leaves them most of the SMs.
 void gather_rows(const float* src, const std::int64_t* index, float* dst, int rows, int cols,
-                 const std::int32_t* src_labels, std::int32_t* dst_labels, cudaStream_t s);
+                 const std::int32_t* src_labels, std::int32_t* dst_labels, cudaStream_t s,
+                 int max_blocks = 0);
 
 // dst[i] = bf16(src[i]) (round to nearest even).
 void to_bf16(const float* src, __nv_bfloat16* dst, std::size_t n, cudaStream_t s);

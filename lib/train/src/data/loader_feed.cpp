@@ -60,10 +60,11 @@ void Feeder::check_gather_features() const {
   const std::uint64_t need =
       (opts_.shuffle == Shuffle::global ? geo_.rows() : geo_.max_partition_rows()) * row_bytes;
   throw ConfigError(fmt::format(
-      "the device cache (loader.device_cache_mb) gathers batches from the samples held in "
-      "memory, but '{}' ({} rows, shuffle {}) does not fit loader.memory_budget_mb ({} bytes; "
-      "it needs {} per rank), so the loader would read it in {} mode: raise "
-      "loader.memory_budget_mb above {} MiB, or set loader.device_cache_mb = 0",
+      "the device cache (loader.device_cache_mb) and loader.gather = device gather batches "
+      "from the samples held in memory, but '{}' ({} rows, shuffle {}) does not fit "
+      "loader.memory_budget_mb ({} bytes; it needs {} per rank), so the loader would read it "
+      "in {} mode: raise loader.memory_budget_mb above {} MiB, or set "
+      "loader.device_cache_mb = 0 and loader.gather = host",
       source_.path(), geo_.rows(), to_string(opts_.shuffle), opts_.memory_budget, need,
       to_string(residency_), (need + (1u << 20) - 1) >> 20));
 }

@@ -124,6 +124,11 @@ class Compute {
   // the rest of its life; batches then come as Batch::resident_rows instead of x. ConfigError
   // from a backend without such a cache, or when it does not fit.
   virtual void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols);
+  // loader.gather = device: x (the loader's resident block, rows x cols, which outlives the
+  // backend and never moves) is page-locked and mapped into the device's address space; batches
+  // then come as Batch::resident_rows and the device gathers their rows from host memory over
+  // the host link, ahead of their step. ConfigError from a backend without a device.
+  virtual void map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols);
 
   // Where the loader should put its batch buffers so this backend copies them at full speed
   // and asynchronously (page-locked memory on a device backend); null: the ordinary heap.

@@ -55,6 +55,10 @@ struct TrainOptions {
   // cuda: bytes of this rank's training partition that may be cached on the device (0: batches
   // are streamed from pinned host memory every step)
   std::uint64_t device_cache_bytes = 0;
+  // cuda, loader.gather = device: the resident training samples are page-locked and mapped,
+  // and the device gathers each batch's rows from host memory (no host copies); false: the
+  // loader's threads gather them into page-locked batches.
+  bool device_gather = false;
   // train.reducer (auto: NCCL for device gradients where possible); mode is set by the trainer
   // (sums of pre-divided grads).
   comm::ReducerOptions reducer{comm::ReducerBackend::automatic};
