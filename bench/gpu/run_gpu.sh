@@ -192,7 +192,7 @@ tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
 section "NCCL with 2 ranks on one GPU (a host id per rank: test device only)"
 # NCCL refuses two ranks of one communicator on one GPU; with its own NCCL_HOSTID and the socket
 # transport each rank looks like another node (hostid_rank.sh). First PyTorch's NCCL without and
-# with the trick, then, where it works, locus's NCCL reducer and trainer at 2 ranks through it.
+# with the trick, then, where it works, locus's NCCL reducer, stage link and trainers through it.
 if [[ $skip == *" hostid "* ]]; then
   say "skipped (SKIP)"
 elif ((gpu)); then
@@ -201,13 +201,15 @@ elif ((gpu)); then
   if grep -q '^nccl_hostid hostid ok' "$work/hostid.log"; then
     mkdir -p "$work/scratch"
     # The NCCL reducer and stage link, and the trainers over them (2 stages: NCCL link bitwise
-    # the host-staged one); the link once more as a 4-rank pipeline.
-    for spec in test_nccl_reducer:2 test_nccl_link:2 test_cuda_trainer:2 test_cuda_pipeline:2 \
-                test_nccl_link:4; do
-      t=${spec%%:*} n=${spec##*:}
+    # the host-staged one; every pipeline test there goes through NCCL, three communicators per
+    # trainer over sockets, hence the longer limit); the link once more as a 4-rank pipeline.
+    # Each entry: binary:ranks:seconds (HOSTID_TEST_TIMEOUT overrides the seconds).
+    for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_cuda_trainer:2:90 \
+                test_cuda_pipeline:2:150 test_nccl_link:4:90; do
+      IFS=: read -r t n limit <<< "$spec"
       [[ -x $bundle/tests/$t ]] || continue
       tl=$work/tests/$t.hostid.np$n.log s=$SECONDS
-      (cd "$work/scratch" && run_mpi "$n" "${HOSTID_TEST_TIMEOUT:-90}" "$here/hostid_rank.sh" \
+      (cd "$work/scratch" && run_mpi "$n" "${HOSTID_TEST_TIMEOUT:-$limit}" "$here/hostid_rank.sh" \
          "$bundle/tests/$t" --gtest_brief=1 --gtest_color=no) > "$tl" 2>&1 < /dev/null
       record_gtest "$t.hostid.np$n" "$n" "$?" "$tl" "$s"
     done
