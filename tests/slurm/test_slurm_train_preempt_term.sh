@@ -107,7 +107,8 @@ preempt_and_check() {
   grep -v '^\[locus-slurm ' "$log" | grep -A1 "^stopped by SIGTERM after step $stop" |
     grep -q '^note: exit 75 is expected here' ||
     slurm_fail "$log: no note that exit 75 is expected right after the stop line: $(cat "$log")"
-  grep -q 'locus-train exited with code 75 (checkpointed; ' "$log" || slurm_fail "$log: the script did not report exit 75: $(cat "$log")"
+  grep -q 'locus-train exited with code 75 (checkpointed; ' "$log" ||
+    slurm_fail "$log: the script did not report exit 75: $(cat "$log")"
   grep -q "SIGTERM: passing it to the ranks on this node" "$log" || slurm_fail "$log: the shell did not pass SIGTERM to the ranks"
   # No work lost: the rerun resumed from that very checkpoint.
   resumed=$(sed -n 's/^resumed from \(.*\): step \([0-9]*\) of .*/\1 \2/p' "$log" | head -n 1)

@@ -20,8 +20,8 @@
 
 #include <algorithm>
 #include <array>
-#include <optional>
 #include <chrono>
+#include <optional>
 #include <vector>
 
 #include "locus/comm/error.hpp"
@@ -54,7 +54,8 @@ class NcclReducer final : public GradientReducer {
     for (auto& e : done_) LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     build_buckets();
     pin_deterministic_algorithm();
-    nccl_.emplace(comm_, "data-parallel", NcclTimeout{options_.timeout_s, "train.reducer_timeout_s"});
+    nccl_.emplace(comm_, "data-parallel",
+                  NcclTimeout{options_.timeout_s, "train.reducer_timeout_s"});
   }
 
   ~NcclReducer() override {
