@@ -218,7 +218,7 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   // only HDF5 user left (HDF5 is not thread-safe, see loader.hpp).
   trainer.reset();
   if (signal != 0) {
-    // The rank leaves with 75, not 143: mpirun SIGTERMs the ranks still finishing.
+    // The rank leaves with 75, not 143, whatever SIGTERM comes late (the batch script's).
     if (signals) signals->ignore_after();
     if (world.is_root()) {
       say(fmt::format("stopped by {} after step {}: exit {} (requeue me; rerun with "

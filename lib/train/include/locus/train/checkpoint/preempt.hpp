@@ -32,9 +32,9 @@ class PreemptSignals {
 
   // From destruction on the signals are ignored instead of getting their previous
   // dispositions back: a process that checkpointed and is leaving with exit 75 must not be
-  // killed by a later one, which would turn its exit code into 128 + the signal's. Under
-  // mpirun that later signal comes by itself: the first rank to exit 75 makes mpirun abort
-  // the job and SIGTERM the ranks still in MPI_Finalize.
+  // killed by a later one, which would turn its exit code into 128 + the signal's. Under Slurm
+  // that later signal comes by itself: the batch script passes the scheduler's SIGTERM on to
+  // the ranks when its trap runs, which may be after they have stopped.
   void ignore_after() noexcept { ignore_after_ = true; }
 
  private:
