@@ -8,7 +8,7 @@
 #include "locus/comm/error.hpp"
 #include "locus/config.hpp"
 #if LOCUS_WITH_NCCL
-#include "nccl_link.hpp"
+#include "nccl_entry.hpp"
 #endif
 
 namespace locus::comm {
@@ -32,7 +32,7 @@ std::string_view to_string(LinkBackend b) noexcept {
 
 std::string nccl_link_unusable_reason(const mpi::Comm& comm) {
 #if LOCUS_WITH_NCCL
-  return detail::pipeline_device_reason(comm);
+  return detail::duplicate_device_reason(comm, "pipeline");
 #else
   (void)comm;
   return "this build has no NCCL (LOCUS_WITH_NCCL=0)";

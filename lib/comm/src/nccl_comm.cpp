@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "locus/comm/error.hpp"
+#include "nccl_entry.hpp"
 
 namespace locus::comm::detail {
 

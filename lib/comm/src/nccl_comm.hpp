@@ -37,11 +37,6 @@ std::string device_text();
 // Whether the work recorded in e has completed (a CudaError on a failed query).
 bool event_done(cudaEvent_t e);
 
-// Collective over comm: why the ranks' current CUDA devices cannot form one NCCL communicator
-// (two ranks on one GPU, a rank without a device), or "" when they can. `role` names the
-// ranks in the reason ("data-parallel", "pipeline").
-std::string duplicate_device_reason(const mpi::Comm& comm, std::string_view role);
-
 // Pins what makes NCCL's summation order fixed (NCCL_ALGO=Ring, NCCL_PROTO=Simple), unless the
 // user set them: the same run on the same GPUs gives the same bits.
 void pin_deterministic_algorithm();

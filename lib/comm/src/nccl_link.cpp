@@ -16,7 +16,7 @@
 // stream (the buffer may still be read by earlier work). wait() makes the buffer's stream wait
 // for the transfer (an event per request). The host never blocks except in drain(), which
 // polls NCCL's asynchronous error state and gives up after the timeout (nccl_comm.hpp).
-#include "nccl_link.hpp"
+#include "nccl_entry.hpp"
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -96,7 +96,6 @@ class NcclLink final : public StageLink {
     s.tag = tag;
     s.receive_pending = true;
     r.staging = i;
-    r.target = buf;
   }
 
   void wait(LinkRequest& r) override {
@@ -116,7 +115,6 @@ class NcclLink final : public StageLink {
     LOCUS_NCCL_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(s.buf.stream), s.done, 0));
     s.busy = false;
     r.staging = -1;
-    r.target = {};
   }
 
   void drain() override {
@@ -193,10 +191,6 @@ class NcclLink final : public StageLink {
 };
 
 }  // namespace
-
-std::string pipeline_device_reason(const mpi::Comm& comm) {
-  return duplicate_device_reason(comm, "pipeline");
-}
 
 std::unique_ptr<StageLink> make_nccl_link(const mpi::Comm& comm, std::span<const int> tags,
                                           const LinkOptions& options) {

@@ -27,7 +27,7 @@
 #include "locus/comm/error.hpp"
 #include "locus/comm/reducer.hpp"
 #include "nccl_comm.hpp"
-#include "nccl_reducer.hpp"
+#include "nccl_entry.hpp"
 
 namespace locus::comm::detail {
 
@@ -36,10 +36,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
-
-std::string duplicate_device_reason(const mpi::Comm& comm) {
-  return duplicate_device_reason(comm, "data-parallel");
-}
 
 class NcclReducer final : public GradientReducer {
  public:

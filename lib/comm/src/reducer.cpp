@@ -12,7 +12,7 @@
 #include "locus/config.hpp"
 #include "mpi_reducer.hpp"
 #if LOCUS_WITH_NCCL
-#include "nccl_reducer.hpp"
+#include "nccl_entry.hpp"
 #endif
 
 namespace locus::comm {
@@ -139,7 +139,7 @@ std::string nccl_unusable_reason(const mpi::Comm& comm, const GradientBuffer& gr
   // Every rank sees the same space (one backend for the job); the device check is collective.
   if (grads.space != MemorySpace::cuda) return "the gradients are in host memory";
 #if LOCUS_WITH_NCCL
-  return detail::duplicate_device_reason(comm);
+  return detail::duplicate_device_reason(comm, "data-parallel");
 #else
   (void)comm;
   return "";

@@ -259,7 +259,7 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   auto h2d = [&](void* dst, const void* src, std::size_t bytes) {
     if (bytes > 0) LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
   };
-  if (cached_x_.size() > 0 || registered_ != nullptr) {
+  if (cached_x_.size() > 0 || mapped_x_ != nullptr) {
     LOCUS_ASSERT(b.x.empty() && b.resident_rows.size() == static_cast<std::size_t>(b.rows),
                  "a cached or mapped dataset's batches come as resident row indices");
     h2d(slot.resident_rows.data(), b.resident_rows.data(), b.resident_rows.size_bytes());
