@@ -22,6 +22,10 @@ void InferSettings::register_options(Config& c) {
   c.add("infer.read_rows", read_rows,
         "rows per read into the ring ahead of the compute thread (0: about 2 MiB; rounded up "
         "to whole batches; same results whatever the value)", at_least(0));
+  c.add("infer.read_threads", read_threads,
+        "threads reading each stripe at once, by pread where the features are stored plain "
+        "(0: 1 on cpu; on cuda the rank's share of the node's cores less two, at most 8; "
+        "same results whatever the value)", in_range(std::int64_t{0}, std::int64_t{64}));
   c.add_choice("infer.schedule", schedule, {"dynamic", "static"},
                "dynamic: units from a shared counter, faster ranks take more; static: rank r "
                "scores the r-th block of units, no speculation (a benchmark baseline)");
@@ -66,6 +70,7 @@ infer::InferOptions InferSettings::to_options(const Config& c) const {
   o.batch_rows = static_cast<int>(batch_rows);
   o.unit_rows = static_cast<std::uint64_t>(unit_rows);
   o.read_rows = static_cast<std::uint64_t>(read_rows);
+  o.read_threads = static_cast<int>(read_threads);
   o.speculate = speculate;
   o.schedule = schedule == "static" ? infer::Schedule::static_blocks : infer::Schedule::dynamic;
   o.blas_threads = static_cast<int>(blas_threads);

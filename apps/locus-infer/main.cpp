@@ -20,6 +20,7 @@ void print_summary(const locus::infer::InferOptions& o, const locus::infer::Infe
              o.model, o.output, r.features, r.outputs, locus::infer::to_string(r.kind),
              r.top_k > 0 ? fmt::format(", top-{}", r.top_k) : "", r.ranks.size());
   fmt::print("  compute: {}\n", r.compute);
+  fmt::print("  read: {}\n", r.read);
   fmt::print("  {:.3f} s scoring ({:.0f} rows/s; {:.3f} s of it making the output durable), "
              "{:.3f} s in all; {} units of {} rows, {} speculative re-runs\n", r.seconds,
              r.seconds > 0 ? rows / r.seconds : 0.0, r.seconds_durable, r.seconds_total, r.units,

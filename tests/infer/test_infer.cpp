@@ -247,8 +247,9 @@ TEST(Infer, IncrementalAfterAppendEqualsFullRun) {
 TEST(Infer, StripedReadsGiveTheSameBytes) {
   // Each rank reads its units read_rows at a time into the compute thread's ring: one batch per
   // stripe (32), a size rounded up to whole batches (50 -> 64), two stripes whose second is
-  // short (128 of 150), whole units (0) -- with and without speculation, and an incremental run
-  // whose first unit starts mid-stripe. Every row is written once and equals the serial scorer.
+  // short (128 of 150), whole units (0) -- with and without speculation, by 1 or 3 reading
+  // threads (pread, 50-row chunks), and an incremental run whose first unit starts mid-stripe.
+  // Every row is written once and equals the serial scorer.
   Job s;
   write_data(s.world, s.data_path, 1234);
   for (std::uint64_t read_rows : {32u, 50u, 128u, 0u}) {
@@ -256,7 +257,11 @@ TEST(Infer, StripedReadsGiveTheSameBytes) {
       infer::InferOptions o = s.options(s.dir.file(fmt::format("r{}{}.h5", read_rows, speculate)));
       o.read_rows = read_rows;
       o.speculate = speculate;
-      expect_matches_reference(s, o.output, 1234, infer::run_inference(s.world, o));
+      o.read_threads = read_rows >= 128 ? 3 : 0;  // 0: 1 thread on the cpu backend
+      const infer::InferResult r = infer::run_inference(s.world, o);
+      expect_matches_reference(s, o.output, 1234, r);
+      EXPECT_EQ(r.read, fmt::format("pread, {} (chunks of 50 rows)",
+                                    read_rows >= 128 ? "3 threads" : "1 thread"));
     }
   }
   append_data(s.world, s.data_path, 1234, 2000);
@@ -282,6 +287,9 @@ TEST(Infer, BadRequestsAreAgreedErrors) {
   o.top_k = kClasses + 1;
   EXPECT_THROW(infer::run_inference(s.world, o), ConfigError);
   o.top_k = 1;
+  o.read_threads = 65;
+  EXPECT_THROW(infer::run_inference(s.world, o), ConfigError);
+  o.read_threads = 0;
   o.features = "/nope";
   EXPECT_THROW(infer::run_inference(s.world, o), DataError);
   o.features = "/features";
@@ -332,7 +340,8 @@ TEST(Infer, ReportMembersInDocumentedOrder) {
   for (const auto& [k, v] : j.items()) keys.push_back(k);
   const std::vector<std::string> want = {
       "output", "model", "input", "features", "mode", "row_begin", "row_end", "rows_scored",
-      "features_per_row", "outputs", "kind", "top_k", "ranks", "unit_rows", "batch_rows",
+      "features_per_row", "outputs", "kind", "top_k", "ranks", "compute", "read", "unit_rows",
+      "batch_rows",
       "units", "units_written_once", "schedule", "speculation", "speculative_runs",
       "speculative_wins", "seconds", "seconds_durable", "seconds_total", "rows_per_second",
       "per_rank", "metrics"};

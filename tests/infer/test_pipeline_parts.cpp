@@ -1,6 +1,6 @@
-// The scoring loop's private parts: stripe sizing, the huge-page buffer allocator, and the
-// quiet waits of the run's end (a barrier that sleeps; rank 0's fsync with its error agreed on
-// every rank) at 1, 2 and 4 ranks.
+// The scoring loop's private parts: stripe sizing, the automatic read-thread count, the
+// huge-page buffer allocator, and the quiet waits of the run's end (a barrier that sleeps;
+// rank 0's fsync with its error agreed on every rank) at 1, 2 and 4 ranks.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "huge_pages.hpp"
+#include "input.hpp"
 #include "locus/comm/error.hpp"
 #include "locus/comm/mpi.hpp"
 #include "pipeline.hpp"
@@ -23,6 +24,16 @@ TEST(PipelineParts, StripesHoldWholeBatchesAndAtMostAUnit) {
   EXPECT_EQ(stripe_rows(0, 32, 150, 20), 160u);     // no more than the unit (in batches)
   EXPECT_EQ(stripe_rows(1000, 256, 100, 784), 256u);
   EXPECT_EQ(stripe_rows(0, 1, 1, 1 << 24), 1u);     // rows wider than a stripe: one per read
+}
+
+TEST(PipelineParts, AutomaticReadThreads) {
+  using locus::infer::detail::auto_read_threads;
+  EXPECT_EQ(auto_read_threads(false, 16, 1), 1);  // cpu: the cores are for the forward passes
+  EXPECT_EQ(auto_read_threads(true, 16, 1), 8);   // at most 8
+  EXPECT_EQ(auto_read_threads(true, 8, 1), 6);    // less the compute and main threads
+  EXPECT_EQ(auto_read_threads(true, 16, 4), 2);   // the node's cores shared among its ranks
+  EXPECT_EQ(auto_read_threads(true, 2, 1), 1);    // at least 1
+  EXPECT_EQ(auto_read_threads(true, 16, 0), 8);
 }
 
 TEST(PipelineParts, HugePageBuffersAreAlignedAndUsable) {

@@ -2,6 +2,7 @@
 // publish) or an incremental run (extend in place behind the watermark), then metrics.
 #include "locus/infer/infer.hpp"
 
+#include <sched.h>
 #include <sys/stat.h>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "input.hpp"
 #include "locus/comm/agree.hpp"
 #include "locus/comm/test_hook.hpp"
+#include "locus/comm/topology.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/io/publish.hpp"
 #include "locus/train/model/blas.hpp"
@@ -27,6 +29,8 @@
 namespace locus::infer {
 
 namespace {
+
+constexpr int kMaxReadThreads = 64;
 
 bool file_exists(const std::string& path) {
   struct stat st {};
@@ -58,6 +62,10 @@ void check_options(const InferOptions& o, bool output_exists) {
                                   o.output));
   }
   if (o.batch_rows < 1) throw ConfigError("infer.batch_rows must be >= 1");
+  if (o.read_threads < 0 || o.read_threads > kMaxReadThreads) {
+    throw ConfigError(fmt::format("infer.read_threads = {}: expected 0 (automatic) to {}",
+                                  o.read_threads, kMaxReadThreads));
+  }
   if (o.slow_factor < 1.0) throw ConfigError("infer.slow_factor must be >= 1");
 }
 
@@ -67,12 +75,24 @@ OutputKind resolve_kind(const std::string& outputs, train::Loss loss) {
   return parse_output_kind(outputs);
 }
 
+// Collective over comm (the node-local split): infer.read_threads, with 0 resolved (see
+// InferOptions::read_threads).
+int resolve_read_threads(const mpi::Comm& comm, const InferOptions& o, bool cuda) {
+  const comm::Topology topo(comm);
+  if (o.read_threads > 0) return o.read_threads;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return detail::auto_read_threads(cuda, cpus, topo.node().size());
+}
+
 // Everything both kinds of run share once the options, model and input are validated.
 struct Job {
   const mpi::Comm& comm;
   const InferOptions& opts;
   const train::Mlp& model;
   detail::EngineChoice engine;
+  int read_threads = 1;
   detail::InputInfo input;
   PredictionLayout layout;
   PredictionProvenance prov;
@@ -80,6 +100,7 @@ struct Job {
 
 struct Scored {
   detail::LoopResult loop;
+  std::string read;            // how this rank read the features
   WorkQueue::Summary queue;
   double seconds = 0;          // first claim to durable output (or to publication)
   double seconds_durable = 0;  // of which: the watermark's flushes and fsyncs, the publication
@@ -96,13 +117,15 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
        .batch_rows = static_cast<int>(job.layout.batch_rows)});
   // Every rank reads its units through its own read-only handle: no collective on the input.
   const bool labelled = job.input.has_labels && job.layout.kind == OutputKind::probabilities;
-  detail::LocalInput in(job.opts.input, job.opts.features, labelled ? job.opts.labels : "");
+  detail::LocalInput in(job.opts.input, job.opts.features, labelled ? job.opts.labels : "",
+                        job.read_threads);
   const detail::UnitGrid grid{begin, end, job.layout.unit_rows};
   const auto& slow = job.opts.slow_ranks;
   const bool is_slow = std::find(slow.begin(), slow.end(), comm.rank()) != slow.end();
   comm.barrier();
   const double t0 = MPI_Wtime();
   Scored res;
+  res.read = in.read_method();
   WorkQueue queue(comm, grid.units(), job.opts.speculate, 2, job.opts.schedule);
   res.loop = detail::run_units(queue, grid, *engine, in, out, comm.rank(),
                                is_slow ? detail::SlowDown{job.opts.slow_factor, job.opts.slow_ms}
@@ -254,7 +277,8 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
     Scorer check(model, {.kind = kind, .top_k = opts.top_k, .batch_rows = opts.batch_rows});
   });
   const auto batch = static_cast<std::uint64_t>(opts.batch_rows);
-  Job job{comm, opts, model, engine, input,
+  const int read_threads = resolve_read_threads(comm, opts, engine.cuda);
+  Job job{comm, opts, model, engine, read_threads, input,
           {.kind = kind, .outputs = model.layout().output_width(), .top_k = opts.top_k,
            .record_writer = opts.record_writer,
            .unit_rows = opts.unit_rows > 0 ? opts.unit_rows
@@ -285,6 +309,7 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   r.seconds = s.seconds;
   r.seconds_durable = s.seconds_durable;
   r.compute = engine.description;
+  r.read = s.read;
   r.report_path = opts.report.empty() ? opts.output + ".report.json" : opts.report;
   r.seconds_total = MPI_Wtime() - t_start;
   const std::string json = report_json(opts, r);

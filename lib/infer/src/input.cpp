@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -99,7 +100,7 @@ InputInfo inspect_input(const mpi::Comm& comm, const InferOptions& opts, const t
 }
 
 LocalInput::LocalInput(const std::string& path, const std::string& features,
-                       const std::string& labels) {
+                       const std::string& labels, int read_threads) {
   h5::init();
   file_ = h5::Id(LOCUS_H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)));
   // No chunk cache: every chunk is read once, straight into the unit's buffer (a cached chunk
@@ -109,25 +110,12 @@ LocalInput::LocalInput(const std::string& path, const std::string& features,
   features_ = h5::Id(LOCUS_H5_CHECK(H5Dopen2(file_.get(), features.c_str(), dapl.get())));
   if (!labels.empty())
     labels_ = h5::Id(LOCUS_H5_CHECK(H5Dopen2(file_.get(), labels.c_str(), dapl.get())));
-  h5::Id space(LOCUS_H5_CHECK(H5Dget_space(features_.get())));
-  std::array<hsize_t, 2> dims{0, 0};
-  LOCUS_H5_CHECK(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
-  cols_ = dims[1];
+  rows_ = std::make_unique<io::RowReader>(file_.get(), features_.get(), read_threads);
 }
 
 void LocalInput::read(std::uint64_t first_row, std::span<float> x, std::span<std::int32_t> y) {
-  const std::uint64_t rows = x.size() / cols_;
-  if (rows == 0) return;
-  auto read_slab = [&](hid_t dset, hid_t mem_type, int rank, void* buf) {
-    const std::array<hsize_t, 2> start{first_row, 0}, count{rows, cols_};
-    h5::Id file_space(LOCUS_H5_CHECK(H5Dget_space(dset)));
-    LOCUS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                       count.data(), nullptr));
-    h5::Id mem_space(LOCUS_H5_CHECK(H5Screate_simple(rank, count.data(), nullptr)));
-    LOCUS_H5_CHECK(H5Dread(dset, mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT, buf));
-  };
-  read_slab(features_.get(), H5T_NATIVE_FLOAT, 2, x.data());
-  if (!y.empty()) read_slab(labels_.get(), H5T_NATIVE_INT32, 1, y.data());
+  rows_->read(first_row, x);
+  if (!y.empty()) read_labels(first_row, y);
 }
 
 void LocalInput::read_labels(std::uint64_t first_row, std::span<std::int32_t> y) {
@@ -139,6 +127,11 @@ void LocalInput::read_labels(std::uint64_t first_row, std::span<std::int32_t> y)
   h5::Id mem_space(LOCUS_H5_CHECK(H5Screate_simple(1, count.data(), nullptr)));
   LOCUS_H5_CHECK(H5Dread(labels_.get(), H5T_NATIVE_INT32, mem_space.get(), file_space.get(),
                          H5P_DEFAULT, y.data()));
+}
+
+int auto_read_threads(bool cuda, int cpus, int ranks_on_node) {
+  if (!cuda) return 1;
+  return std::clamp(cpus / std::max(ranks_on_node, 1) - 2, 1, 8);
 }
 
 std::string model_fingerprint(const train::Mlp& model) {

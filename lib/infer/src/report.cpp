@@ -73,6 +73,8 @@ std::string report_json(const InferOptions& opts, const InferResult& r) {
   j["kind"] = std::string(to_string(r.kind));
   j["top_k"] = r.top_k;
   j["ranks"] = static_cast<int>(r.ranks.size());
+  j["compute"] = r.compute;
+  j["read"] = r.read;
   j["unit_rows"] = static_cast<std::int64_t>(r.unit_rows);
   j["batch_rows"] = static_cast<std::int64_t>(r.batch_rows);
   j["units"] = r.units;

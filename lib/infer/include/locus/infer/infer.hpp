@@ -33,6 +33,12 @@ struct InferOptions {
   // ahead of its compute thread (0 → about 2 MiB of features; rounded up to whole batches).
   // Any value gives the same bytes.
   std::uint64_t read_rows = 0;
+  // Threads that read each stripe at once (io::RowReader: pread straight into the ring where
+  // the features lie in the file as plain bytes). 0 → 1 on the cpu backend (the forward passes
+  // are the bound there and need the cores); on cuda, where reading is the bound, the cores
+  // this rank may run on, shared among the node's ranks, less two (its compute and main
+  // threads), between 1 and 8. Any value gives the same bytes.
+  int read_threads = 0;
   bool speculate = true;               // re-run stragglers' units when the queue is empty
   // dynamic: units from the shared counter; static_blocks (a benchmark baseline): rank r scores
   // the r-th contiguous block of units, no speculation.
@@ -98,6 +104,7 @@ struct InferResult {
   bool incremental = false;
   std::string report_path;
   std::string compute;  // "cpu (OpenBLAS, 1 thread)" or "cuda fp32 on device 0 NVIDIA ..." (rank 0)
+  std::string read;     // how rank 0 read the features: "pread, 6 threads (chunks of 4096 rows)"
 };
 
 // Collective over comm. ConfigError for bad options or an existing output without
