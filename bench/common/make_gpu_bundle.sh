@@ -99,11 +99,12 @@ PY
 ntests=$(find "$out/tests" -type f ! -name manifest.tsv | wc -l)
 nscripts=$(grep -c $'\tscript:' "$manifest" || true)
 
-# bench/gpu programs, if any are built, and the CPU benches that take --backend cuda
+# bench/gpu programs, if any are built, the CPU benches that take --backend cuda, and the
+# stripe-read benchmark run beside the inference benchmark
 if [[ -d $build/bench/gpu ]]; then
   find "$build/bench/gpu" -maxdepth 1 -type f -perm -u+x -exec install -s {} "$out/bench/" \;
 fi
-for b in train/locus_monitor_bench; do
+for b in train/locus_monitor_bench io/locus_row_read; do
   if [[ -x $build/bench/$b ]]; then install -s "$build/bench/$b" "$out/bench/"; fi
 done
 

@@ -6,19 +6,23 @@
 write the same datasets, made durable (fsync) at the end.
 
   locus:   locus-infer --infer.backend=cuda, 1 rank (the time from its report: setup, scoring,
-           publication; and the process's wall time including MPI and CUDA start-up); also
-           --ranks N (default 4) ranks sharing the GPU under mpirun, reading in parallel
+           publication; and the process's wall time including MPI and CUDA start-up), its
+           features read by infer.read_threads = 0 (automatic: up to 8 pread threads) and,
+           alternated with it, by 1 thread; also --ranks N (default 4) ranks sharing the GPU
+           under mpirun
   PyTorch: h5py reads of BLOCK rows -> pinned tensor -> .cuda(non_blocking) -> the model ->
            softmax/argmax/topk -> .cpu() -> h5py writes of the block, then flush + fsync
            (CUDA context and cuBLAS warmed up first, not timed; its process wall time is also
            printed)
   bound:   min(file read bandwidth, H2D bandwidth) / bytes per row: the warm read of the whole
-           file into memory (os.readv into one buffer) and a pinned 256 MiB host->device copy
+           file into memory (one buffer; os.readv from 1 thread, os.preadv from 8 threads, the
+           better) and a pinned 256 MiB host->device copy
 
 Prints the measurements, then one summary line starting with 'infer_gpu' (run_gpu.sh's table).
   infer_gpu_bench.py --apps BUNDLE/apps --work DIR [--rows 1048576] [--batch 8192] [--out TSV]
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -63,24 +67,36 @@ def write_model(path, seed=1):
         f.attrs["loss"] = "cross_entropy"
 
 
-def read_bandwidth(path, repeats=3):
-    """GB/s of reading the whole (page-cached) file into one buffer, best of `repeats`."""
+def read_bandwidth(path, threads=1, repeats=3):
+    """GB/s of reading the whole (page-cached) file into one buffer, best of `repeats`: 64 MiB
+    pieces, from `threads` threads (os.preadv releases the GIL) each taking every threads-th."""
     size = os.path.getsize(path)
     buf = bytearray(size)
     view = memoryview(buf)
-    best = 0.0
-    for _ in range(repeats):
-        fd = os.open(path, os.O_RDONLY)
-        t = time.perf_counter()
+    piece = 64 << 20
+    starts = list(range(0, size, piece))
+
+    def read_pieces(fd, first):
         got = 0
-        while got < size:
-            n = os.readv(fd, [view[got:min(size, got + (64 << 20))]])
-            if n <= 0:
-                break
-            got += n
-        dt = time.perf_counter() - t
-        os.close(fd)
-        best = max(best, got / dt / 1e9)
+        for lo in starts[first::threads]:
+            hi = min(size, lo + piece)
+            while lo < hi:
+                n = os.preadv(fd, [view[lo:hi]], lo)
+                if n <= 0:
+                    raise RuntimeError(f"short read of {path} at {lo}")
+                lo += n
+                got += n
+        return got
+
+    best = 0.0
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            fd = os.open(path, os.O_RDONLY)
+            t = time.perf_counter()
+            got = sum(pool.map(lambda i: read_pieces(fd, i), range(threads)))
+            dt = time.perf_counter() - t
+            os.close(fd)
+            best = max(best, got / dt / 1e9)
     return best
 
 
@@ -182,23 +198,34 @@ def main():
     size = os.path.getsize(data)
     row_bytes = WIDTHS[0] * 4 + 4  # what both read per row: features and the label
     print(f"input {data}: {a.rows} rows, {size / 1e9:.2f} GB ({time.perf_counter() - t:.1f} s to write)")
-    read_gbs = read_bandwidth(data)
+    read1_gbs = read_bandwidth(data, 1)
+    read8_gbs = read_bandwidth(data, 8)
+    read_gbs = max(read1_gbs, read8_gbs)
     h2d_gbs = h2d_bandwidth(torch)
     bound = min(read_gbs, h2d_gbs) * 1e9 / row_bytes
-    print(f"file read (warm) {read_gbs:.2f} GB/s, pinned H2D {h2d_gbs:.2f} GB/s, {row_bytes} B/row: "
+    print(f"file read (warm) {read1_gbs:.2f} GB/s from 1 thread, {read8_gbs:.2f} GB/s from 8; "
+          f"pinned H2D {h2d_gbs:.2f} GB/s; {row_bytes} B/row: "
           f"bound {bound / 1e6:.2f} M rows/s ({'read' if read_gbs < h2d_gbs else 'H2D'}-bound)")
 
     res = {}
-    for name in ("locus", "torch", "locus", "torch"):  # alternated; the better of two each
-        if name == "locus":
-            wall, rep, text = run_locus(a.apps, model, data, os.path.join(a.work, "locus-out.h5"), a.batch)
+    # alternated; the better of two each. locus1: infer.read_threads = 1 (one reading thread).
+    for name in ("locus", "torch", "locus1", "locus", "torch", "locus1"):
+        if name.startswith("locus"):
+            extra = ["--infer.read_threads=1"] if name == "locus1" else []
+            wall, rep, text = run_locus(a.apps, model, data, os.path.join(a.work, "locus-out.h5"),
+                                        a.batch, extra=extra)
             s = rep["seconds_total"]
-            print(f"locus-infer: {s:.3f} s in run_inference (scoring {rep['seconds']:.3f} s), "
-                  f"{wall:.3f} s process wall; accuracy {rep['metrics']['accuracy']:.4f}, "
-                  f"log-loss {rep['metrics']['log_loss']:.5f}; {text.splitlines()[1].strip()}")
-            r = res.setdefault("locus", {"s": 1e9, "wall": 1e9})
+            pr = rep["per_rank"][0]
+            print(f"locus-infer ({rep['read']}): {s:.3f} s in run_inference (scoring "
+                  f"{rep['seconds']:.3f} s: read {pr['seconds_read']:.3f}, compute "
+                  f"{pr['seconds_compute']:.3f}, write {pr['seconds_write']:.3f}, wait "
+                  f"{pr['seconds_wait']:.3f}, compute idle {pr['seconds_idle']:.3f}, durable "
+                  f"{rep['seconds_durable']:.3f}), {wall:.3f} s process wall; accuracy "
+                  f"{rep['metrics']['accuracy']:.4f}, log-loss {rep['metrics']['log_loss']:.5f}")
+            r = res.setdefault(name, {"s": 1e9, "wall": 1e9})
             r["s"], r["wall"] = min(r["s"], s), min(r["wall"], wall)
             r["acc"], r["loss"] = rep["metrics"]["accuracy"], rep["metrics"]["log_loss"]
+            r["read"] = rep["read"]
         else:
             s, acc, loss = run_torch(torch, model, data, os.path.join(a.work, "torch-out.h5"), a.block)
             print(f"h5py + PyTorch: {s:.3f} s (after warm-up); accuracy {acc:.4f}, log-loss {loss:.5f}")
@@ -224,7 +251,9 @@ def main():
     line = (f"infer_gpu rows={a.rows} locus={res['locus']['s']:.3f}s ({lr / 1e6:.2f} Mrows/s) "
             f"torch={res['torch']['s']:.3f}s ({tr / 1e6:.2f} Mrows/s) speedup={lr / tr:.2f}x "
             f"bound={bound / 1e6:.2f} Mrows/s ({'read' if read_gbs < h2d_gbs else 'H2D'} {min(read_gbs, h2d_gbs):.1f} GB/s) "
-            f"locus/bound={lr / bound:.2f} locus_wall={res['locus']['wall']:.3f}s")
+            f"locus/bound={lr / bound:.2f} locus_wall={res['locus']['wall']:.3f}s "
+            f"read=\"{res['locus']['read']}\" locus_read1={res['locus1']['s']:.3f}s "
+            f"({a.rows / res['locus1']['s'] / tr:.2f}x torch)")
     if "locus_np" in res:
         nr = a.rows / res["locus_np"]["s"]
         line += f" locus_np{a.ranks}={res['locus_np']['s']:.3f}s ({nr / tr:.2f}x torch, {nr / bound:.2f} of bound)"

@@ -332,6 +332,13 @@ elif ((gpu)); then
     --work "$work/infer" --rows "${INFER_ROWS:-1048576}" --out "$out/infer_gpu_bench.tsv" \
     2>&1 | tee -a "$log" | tee "$work/infer.log"
   grep '^infer_gpu ' "$work/infer.log" > "$infer_line" || say "infer_gpu_bench.py gave no result line"
+  # The same file's features read stripe by stripe as locus-infer reads them: H5Dread, plain
+  # pread, io::RowReader at 1-8 threads (this host's page-cache copy speed; no GPU involved).
+  if [[ -x $bundle/bench/locus_row_read && -f $work/infer/infer-input.h5 ]]; then
+    timeout -k 5 60 "$bundle/bench/locus_row_read" --reps 3 --threads 1,2,4,8 \
+      "$work/infer/infer-input.h5" 2>&1 | tee -a "$log" | tee "$work/row_read.txt"
+    awk '/RowReader|H5Dread|plain bytes/ {print "row_read " $0}' "$work/row_read.txt" >> "$infer_line"
+  fi
   rm -rf "$work/infer"
 else
   say "no GPU: not run"
