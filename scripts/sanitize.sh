@@ -26,10 +26,10 @@ case $kind in
     # loader, checkpoints, the model and optimizers, inference; and test_cuda_refusal, since
     # this build is also CI's build without CUDA (train.backend = cuda must be refused there).
     targets=(locus_no_dlclose test_comm test_reducer test_hier_reducer test_link test_watchdog test_work_queue
-             test_h5 test_sources test_raw_io test_ingest test_loader test_checkpoint
+             test_h5 test_sources test_raw_io test_row_reader test_ingest test_loader test_checkpoint
              test_train_model test_train_optim test_monitor test_telemetry test_scorer
              test_cuda_refusal)
-    select=(-R '^(test_comm|test_reducer|test_hier_reducer|test_link|test_watchdog|test_work_queue|test_h5|test_sources|test_raw_io|test_ingest|test_loader|test_checkpoint|test_train_model|test_train_optim|test_monitor|test_telemetry|test_scorer|test_cuda_refusal)(\.np[12])?$')
+    select=(-R '^(test_comm|test_reducer|test_hier_reducer|test_link|test_watchdog|test_work_queue|test_h5|test_sources|test_raw_io|test_row_reader|test_ingest|test_loader|test_checkpoint|test_train_model|test_train_optim|test_monitor|test_telemetry|test_scorer|test_cuda_refusal)(\.np[12])?$')
     # fast_unwind_on_malloc=0: Open MPI is built without frame pointers, and only full unwinding
     # attributes its allocations to it (else a leak may show a broken stack, unsuppressible).
     export ASAN_OPTIONS="detect_leaks=1:exitcode=66:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:fast_unwind_on_malloc=0"
@@ -41,9 +41,10 @@ case $kind in
     config=(-DLOCUS_SANITIZE=thread "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
             "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
     # The threads of locus: the loader's producer, the asynchronous checkpointer, the infer
-    # compute thread and its reader ring, the progress watchdog.
-    targets=(test_loader test_checkpoint test_checkpoint_resume test_pipeline_parts test_watchdog)
-    select=(-R '^(test_loader|test_checkpoint|test_checkpoint_resume|test_pipeline_parts|test_watchdog)\.np[12]$')
+    # compute thread and its reader ring, the parallel row reader, the progress watchdog.
+    targets=(test_loader test_checkpoint test_checkpoint_resume test_pipeline_parts test_watchdog
+             test_row_reader)
+    select=(-R '^(test_loader|test_checkpoint|test_checkpoint_resume|test_pipeline_parts|test_watchdog)\.np[12]$|^test_row_reader$')
     preload=""
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp:exitcode=66:halt_on_error=0:second_deadlock_stack=1:history_size=4"
     ;;

@@ -247,8 +247,8 @@ TEST(Infer, IncrementalAfterAppendEqualsFullRun) {
 TEST(Infer, StripedReadsGiveTheSameBytes) {
   // Each rank reads its units read_rows at a time into the compute thread's ring: one batch per
   // stripe (32), a size rounded up to whole batches (50 -> 64), two stripes whose second is
-  // short (128 of 150), whole units (0) -- with and without speculation, by 1 or 3 reading
-  // threads (pread, 50-row chunks), and an incremental run whose first unit starts mid-stripe.
+  // short (128 of 150), whole units (0) -- with and without speculation, by 1 reading thread
+  // (H5Dread: small chunks) or 3 (pread of the 50-row chunks), and an incremental run whose first unit starts mid-stripe.
   // Every row is written once and equals the serial scorer.
   Job s;
   write_data(s.world, s.data_path, 1234);
@@ -260,8 +260,8 @@ TEST(Infer, StripedReadsGiveTheSameBytes) {
       o.read_threads = read_rows >= 128 ? 3 : 0;  // 0: 1 thread on the cpu backend
       const infer::InferResult r = infer::run_inference(s.world, o);
       expect_matches_reference(s, o.output, 1234, r);
-      EXPECT_EQ(r.read, fmt::format("pread, {} (chunks of 50 rows)",
-                                    read_rows >= 128 ? "3 threads" : "1 thread"));
+      EXPECT_EQ(r.read, read_rows >= 128 ? "pread, 3 threads (chunks of 50 rows)"
+                                         : "H5Dread (one thread, chunks below 4 MiB)");
     }
   }
   append_data(s.world, s.data_path, 1234, 2000);

@@ -1,4 +1,5 @@
-// Parallel pread of byte ranges: shares cut from the ranges' concatenation, one per thread.
+// Parallel pread of byte ranges: pieces of at most 1 MiB taken from one queue by the caller and
+// the workers.
 #include "read_pool.hpp"
 
 #include <unistd.h>
@@ -37,9 +38,8 @@ void pread_all(int fd, std::byte* dst, std::uint64_t bytes, std::uint64_t offset
 
 ReadPool::ReadPool(int threads) {
   const int n = std::max(threads, 1);
-  errors_.resize(static_cast<std::size_t>(n));
   workers_.reserve(static_cast<std::size_t>(n - 1));
-  for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { work(i); });
+  for (int i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
 }
 
 ReadPool::~ReadPool() {
@@ -51,68 +51,66 @@ ReadPool::~ReadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ReadPool::read(int fd, std::span<const ReadRange> ranges, const std::string& path) {
-  std::uint64_t total = 0;
-  for (const ReadRange& r : ranges) total += r.bytes;
-  if (total == 0) return;
-  const auto wanted = std::max<std::uint64_t>(1, total / kMinShareBytes);
-  const int parts = static_cast<int>(std::min<std::uint64_t>(wanted, workers_.size() + 1));
+void ReadPool::begin(int fd, const std::string& path) {
+  std::lock_guard lock(mu_);  // every piece of the last read is done (finish() waited)
+  fd_ = fd;
+  path_ = &path;
+  pieces_.clear();
+  next_ = completed_ = 0;
+  error_ = nullptr;
+}
+
+void ReadPool::add(std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  bool several = false;
   {
     std::lock_guard lock(mu_);
-    fd_ = fd;
-    path_ = &path;
-    ranges_ = ranges;
-    total_ = total;
-    parts_ = parts;
-    active_ = parts - 1;
-    std::fill(errors_.begin(), errors_.end(), nullptr);
-    ++generation_;
+    for (std::uint64_t at = 0; at < bytes; at += kPieceBytes)
+      pieces_.push_back({offset + at, dst + at, std::min(kPieceBytes, bytes - at)});
+    several = pieces_.size() > 1;
   }
-  if (parts > 1) wake_.notify_all();
-  try {
-    read_share(0);
-  } catch (...) {
-    errors_[0] = std::current_exception();
-  }
-  std::unique_lock lock(mu_);
-  done_.wait(lock, [&] { return active_ == 0; });
-  for (const std::exception_ptr& e : errors_)
-    if (e) std::rethrow_exception(e);
+  // A lone piece is left to the caller's finish(): waking a worker would cost more than it
+  // takes over.
+  if (!workers_.empty() && several) wake_.notify_all();
 }
 
-void ReadPool::work(int index) {
-  std::uint64_t seen = 0;
+void ReadPool::finish() {
+  std::unique_lock lock(mu_);
+  while (next_ < pieces_.size()) read_piece(lock, next_++);
+  done_.wait(lock, [&] { return completed_ == pieces_.size(); });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void ReadPool::abandon() noexcept {
+  std::unique_lock lock(mu_);
+  completed_ += pieces_.size() - next_;
+  next_ = pieces_.size();
+  done_.wait(lock, [&] { return completed_ == pieces_.size(); });
+}
+
+void ReadPool::work() {
   std::unique_lock lock(mu_);
   while (true) {
-    wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    wake_.wait(lock, [&] { return stop_ || next_ < pieces_.size(); });
     if (stop_) return;
-    seen = generation_;
-    if (index >= parts_) continue;  // this read is too small to need every thread
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      read_share(index);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    errors_[static_cast<std::size_t>(index)] = error;
-    if (--active_ == 0) done_.notify_one();
+    read_piece(lock, next_++);
   }
 }
 
-// Share i: bytes [i * total / parts, (i + 1) * total / parts) of the ranges' concatenation.
-// Only read() writes the generation's fields, and only while no share runs.
-void ReadPool::read_share(int index) {
-  const auto i = static_cast<std::uint64_t>(index), n = static_cast<std::uint64_t>(parts_);
-  const std::uint64_t lo = total_ * i / n, hi = total_ * (i + 1) / n;
-  std::uint64_t at = 0;  // where the current range starts in the concatenation
-  for (const ReadRange& r : ranges_) {
-    const std::uint64_t a = std::max(lo, at), b = std::min(hi, at + r.bytes);
-    if (a < b) pread_all(fd_, r.dst + (a - at), b - a, r.offset + (a - at), *path_);
-    at += r.bytes;
-    if (at >= hi) break;
+void ReadPool::read_piece(std::unique_lock<std::mutex>& lock, std::size_t i) {
+  const Piece p = pieces_[i];
+  const int fd = fd_;
+  const std::string& path = *path_;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    pread_all(fd, p.dst, p.bytes, p.offset, path);
+  } catch (...) {
+    error = std::current_exception();
   }
+  lock.lock();
+  if (error && !error_) error_ = error;
+  if (++completed_ == pieces_.size()) done_.notify_all();
 }
 
 }  // namespace locus::io::detail

@@ -16,9 +16,12 @@ namespace locus::io {
 
 namespace {
 
+constexpr std::uint64_t kMinChunkBytesOneThread = std::uint64_t{4} << 20;
+
 // Why the rows cannot be read as raw bytes ("" when they can); chunk_rows: rows per chunk
 // (0 for contiguous storage).
-std::string why_not_raw(hid_t file, hid_t dataset, std::uint64_t cols, std::uint64_t& chunk_rows) {
+std::string why_not_raw(hid_t file, hid_t dataset, std::uint64_t cols, int threads,
+                        std::uint64_t& chunk_rows) {
   chunk_rows = 0;
   h5::Id dcpl(LOCUS_H5_CHECK(H5Dget_create_plist(dataset)));
   if (LOCUS_H5_CHECK(H5Pget_external_count(dcpl.get())) > 0) return "the dataset is external";
@@ -42,6 +45,12 @@ std::string why_not_raw(hid_t file, hid_t dataset, std::uint64_t cols, std::uint
       if (LOCUS_H5_CHECK(H5Pget_chunk(dcpl.get(), 2, chunk.data())) != 2)
         return "the dataset's chunks are not 2-D";
       if (chunk[1] != cols) return "the dataset's chunks do not span whole rows";
+      // HDF5 takes ~15 us to give a chunk's address (H5Dget_chunk_info_by_coord), as long as
+      // copying 200 KiB: one thread that looks up and reads each chunk in turn is slower than
+      // H5Dread on chunks of a few MiB (0.84-0.91x on 1 MiB chunks; 1.06x on 12.5 MiB ones,
+      // bench/RESULTS.md). Several threads read while the next chunks are looked up.
+      if (threads == 1 && chunk[0] * cols * sizeof(float) < kMinChunkBytesOneThread)
+        return "one thread, chunks below 4 MiB";
       chunk_rows = chunk[0];
       return "";
     }
@@ -64,7 +73,10 @@ struct RowReader::Impl {
   // The last chunk looked up (reads go front to back, so a chunk is usually looked up once).
   std::uint64_t cached_chunk = ~std::uint64_t{0};
   std::optional<std::uint64_t> cached_at;
-  std::vector<detail::ReadRange> ranges;
+  // The range being built: consecutive chunks adjacent in the file and in memory are merged
+  // before they go to the pool.
+  std::uint64_t pending_at = 0, pending_bytes = 0;
+  std::byte* pending_dst = nullptr;
   detail::ReadPool pool;
 
   Impl(hid_t f, hid_t d, int threads) : file(f), dataset(d), pool(threads) {}
@@ -101,18 +113,23 @@ struct RowReader::Impl {
         H5Dread(dataset, H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), H5P_DEFAULT, out));
   }
 
-  // A range after the last one, merged with it when both are adjacent in the file and in
-  // memory (consecutive chunks usually are).
+  // Queues a range, merged with the pending one when both are adjacent in the file and in
+  // memory (consecutive chunks usually are); flush() hands the last one to the pool.
   void add(std::uint64_t offset, float* dst, std::uint64_t bytes) {
     auto* d = reinterpret_cast<std::byte*>(dst);
-    if (!ranges.empty()) {
-      detail::ReadRange& last = ranges.back();
-      if (last.offset + last.bytes == offset && last.dst + last.bytes == d) {
-        last.bytes += bytes;
-        return;
-      }
+    if (pending_bytes > 0 && pending_at + pending_bytes == offset &&
+        pending_dst + pending_bytes == d) {
+      pending_bytes += bytes;
+      return;
     }
-    ranges.push_back({offset, d, bytes});
+    flush();
+    pending_at = offset;
+    pending_dst = d;
+    pending_bytes = bytes;
+  }
+  void flush() {
+    pool.add(pending_at, pending_dst, pending_bytes);
+    pending_bytes = 0;
   }
 };
 
@@ -127,7 +144,7 @@ RowReader::RowReader(hid_t file, hid_t dataset, int threads)
   LOCUS_H5_CHECK(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
   m.rows = dims[0];
   m.cols = dims[1];
-  std::string why = why_not_raw(file, dataset, m.cols, m.chunk_rows);
+  std::string why = why_not_raw(file, dataset, m.cols, m.pool.threads(), m.chunk_rows);
   if (why.empty() && m.chunk_rows == 0) {
     const std::optional<std::uint64_t> at = h5::raw_offset(dataset, H5T_NATIVE_FLOAT);
     if (at) m.contiguous_at = *at;
@@ -166,21 +183,30 @@ void RowReader::read(std::uint64_t first_row, std::span<float> out) {
     return;
   }
   const std::uint64_t row_bytes = m.cols * sizeof(float);
-  m.ranges.clear();
-  if (m.chunk_rows == 0) {
-    m.add(m.contiguous_at + first_row * row_bytes, out.data(), rows * row_bytes);
-  } else {
-    const std::uint64_t end = first_row + rows;
-    for (std::uint64_t k = first_row / m.chunk_rows; k * m.chunk_rows < end; ++k) {
-      const std::uint64_t lo = std::max(first_row, k * m.chunk_rows);
-      const std::uint64_t hi = std::min(end, (k + 1) * m.chunk_rows);
-      float* dst = out.data() + (lo - first_row) * m.cols;
-      const std::optional<std::uint64_t> at = m.chunk_at(k);
-      if (at) m.add(*at + (lo - k * m.chunk_rows) * row_bytes, dst, (hi - lo) * row_bytes);
-      else m.h5_read(lo, hi - lo, dst);  // never written: HDF5 supplies the fill value
+  m.pool.begin(m.fd, m.path);
+  m.pending_bytes = 0;
+  try {
+    if (m.chunk_rows == 0) {
+      m.add(m.contiguous_at + first_row * row_bytes, out.data(), rows * row_bytes);
+    } else {
+      // Chunk by chunk: the pool's threads read the first chunks while the later ones are
+      // looked up.
+      const std::uint64_t end = first_row + rows;
+      for (std::uint64_t k = first_row / m.chunk_rows; k * m.chunk_rows < end; ++k) {
+        const std::uint64_t lo = std::max(first_row, k * m.chunk_rows);
+        const std::uint64_t hi = std::min(end, (k + 1) * m.chunk_rows);
+        float* dst = out.data() + (lo - first_row) * m.cols;
+        const std::optional<std::uint64_t> at = m.chunk_at(k);
+        if (at) m.add(*at + (lo - k * m.chunk_rows) * row_bytes, dst, (hi - lo) * row_bytes);
+        else m.h5_read(lo, hi - lo, dst);  // never written: HDF5 supplies the fill value
+      }
     }
+    m.flush();
+  } catch (...) {
+    m.pool.abandon();  // the pool's threads may still be writing into out
+    throw;
   }
-  m.pool.read(m.fd, m.ranges, m.path);
+  m.pool.finish();
 }
 
 }  // namespace locus::io

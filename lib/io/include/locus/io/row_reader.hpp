@@ -4,8 +4,9 @@
 // several threads straight into the caller's buffer. HDF5 copies through one thread under its
 // global lock, and a single reader thread copies at most ~6 GB/s out of the page cache on a
 // GPU host whose host-to-device link takes 55 GB/s (bench/RESULTS.md, "GPU inference").
-// Anywhere else (compression, type conversion, chunks never written) the rows go through
-// H5Dread. The bytes are the same either way.
+// Anywhere else (compression, type conversion, chunks never written; one thread on chunks below
+// 4 MiB, where looking up each chunk's address costs more than H5Dread's own overhead) the rows
+// go through H5Dread. The bytes are the same either way.
 #pragma once
 
 #include <hdf5.h>
