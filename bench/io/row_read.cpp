@@ -139,7 +139,7 @@ int run(int argc, char** argv) {
   };
   fmt::print("# {}: {} rows x {} floats ({:.2f} GB), stripes of {} rows, {} rounds, warm cache\n",
              file, rows, cols, static_cast<double>(bytes) / 1e9, stripe_rows, reps);
-  fmt::print("{:<48} {:>10} {:>16} {:>10}\n", "variant", "median GB/s", "min..max GB/s",
+  fmt::print("{:<56} {:>10} {:>16} {:>10}\n", "variant", "median GB/s", "min..max GB/s",
              "/ H5Dread");
   const double base = median(secs[0]);
   for (std::size_t v = 0; v < variants; ++v) {
@@ -148,7 +148,7 @@ int run(int argc, char** argv) {
                                       : "RowReader: " + readers[v - 2]->method();
     const auto [lo, hi] = std::minmax_element(secs[v].begin(), secs[v].end());
     const double gb = static_cast<double>(bytes) / 1e9;
-    fmt::print("{:<48} {:>10.2f} {:>7.2f}..{:<7.2f} {:>10.2f}\n", name, gb / median(secs[v]),
+    fmt::print("{:<56} {:>10.2f} {:>7.2f}..{:<7.2f} {:>10.2f}\n", name, gb / median(secs[v]),
                gb / *hi, gb / *lo, base / median(secs[v]));
   }
   return 0;
