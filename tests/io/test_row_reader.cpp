@@ -4,15 +4,17 @@
 // threads and for reads from one row to the whole dataset; the layouts that must go through
 // H5Dread do (compression, float64, chunks narrower than a row, a user block) and still read
 // the same values, and so does one thread on chunks below 4 MiB; a file truncated under an open
-// reader is a DataError naming it.
+// reader is a DataError naming it. The private pool of pread threads: pieces, errors, abandon().
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -21,6 +23,7 @@
 
 #include "locus/io/h5.hpp"
 #include "locus/io/row_reader.hpp"
+#include "read_pool.hpp"
 
 using namespace locus;
 
@@ -228,6 +231,58 @@ TEST(RowReader, LayoutsThatNeedHdf5GoThroughH5Dread) {
     EXPECT_EQ(row[5], value(1234, 5)) << c.name;
     std::filesystem::remove(path);
   }
+}
+
+// The pool alone (private, read_pool.hpp): pieces of any size from many ranges land where they
+// belong; a range past the end of the file fails the read with a DataError and the pool reads
+// on afterwards; abandon() after a caller's failure waits for the pieces already taken.
+TEST(ReadPool, ReadsRangesInPiecesFailsCleanlyAndCanBeAbandoned) {
+  const std::string path = temp_path("pool");
+  std::vector<std::byte> data((5u << 20) + 12345);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>((i * 131) >> 3);
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(data.data(), 1, data.size(), f), data.size());
+    std::fclose(f);
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  io::detail::ReadPool pool(4);
+  std::vector<std::byte> out(data.size());
+  // Ranges out of file order, one of several pieces (3 MiB + 7), some tiny, one empty.
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges{
+      {(3u << 20) + 7, data.size() - (3u << 20) - 7}, {0, 3}, {3, 0}, {3, (3u << 20) + 4}};
+  for (int round = 0; round < 3; ++round) {
+    std::fill(out.begin(), out.end(), std::byte{0xee});
+    pool.begin(fd, path);
+    for (auto [at, n] : ranges) pool.add(at, out.data() + at, n);
+    pool.finish();
+    ASSERT_EQ(std::memcmp(out.data(), data.data(), data.size()), 0) << "round " << round;
+  }
+  // Past the end: a DataError naming the file, whichever piece failed first.
+  pool.begin(fd, path);
+  pool.add(0, out.data(), 1u << 20);
+  pool.add(data.size() - 10, out.data() + (1u << 20), 3u << 20);
+  try {
+    pool.finish();
+    FAIL() << "a read past the end of the file succeeded";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+  // Abandoned after 4 MiB were queued: the pieces taken finish, the rest are dropped.
+  pool.begin(fd, path);
+  pool.add(0, out.data(), 4u << 20);
+  pool.abandon();
+  // And the pool still reads.
+  std::fill(out.begin(), out.end(), std::byte{0});
+  pool.begin(fd, path);
+  pool.add(0, out.data(), data.size());
+  pool.finish();
+  EXPECT_EQ(std::memcmp(out.data(), data.data(), data.size()), 0);
+  ::close(fd);
+  std::filesystem::remove(path);
 }
 
 TEST(RowReader, AFileTruncatedUnderAnOpenReaderIsADataErrorNamingIt) {
