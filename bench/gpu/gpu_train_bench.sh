@@ -15,7 +15,8 @@
 #     LAUNCH=auto|direct|mpirun  (auto: run the apps directly as MPI singletons, or through
 #                                 `mpirun --allow-run-as-root --oversubscribe -n 1` if that fails)
 #     ROWS="backend:precision:batch:cache_mb:graphs ..." (graphs: true|false|- for the default;
-#                   cache_mb "map": no device cache, loader.gather = device)
+#                   cache_mb "map": no device cache, loader.gather = device; "0tN": no device
+#                   cache, loader.gather_threads = N host threads copying each batch)
 #     CPU_THREADS=1 (train.threads of the cpu rows)   PYTHON=python3   EXTRA="--key=value ..."
 #     DATA=FILE.h5  train on this file instead (a locus dataset, or any HDF5 file with /features
 #                   [N, D] float and /labels [N] integer: docs/FORMATS.md): no locus-ingest; with
@@ -39,6 +40,7 @@ if [[ -z ${ROWS:-} ]]; then
     done
   done
   ROWS+=" cuda:fp32:1024:map:true cuda:fp32:8192:map:true cuda:bf16:8192:map:true"
+  ROWS+=" cuda:fp32:8192:0t8:true cuda:bf16:8192:0t8:true"
   ROWS+=" cuda:fp32:128:1024:false cuda:fp32:8192:1024:false cpu:fp32:128:0:- cpu:fp32:1024:0:-"
 fi
 mkdir -p "$work/logs"
@@ -137,6 +139,9 @@ for row in $ROWS; do
   if [[ $backend == cuda ]]; then
     if [[ $cache == map ]]; then
       args+=(--train.precision="$prec" --loader.device_cache_mb=0 --loader.gather=device)
+    elif [[ $cache == 0t* ]]; then
+      args+=(--train.precision="$prec" --loader.device_cache_mb=0
+             --loader.gather_threads="${cache#0t}")
     else
       args+=(--train.precision="$prec" --loader.device_cache_mb="$cache")
     fi

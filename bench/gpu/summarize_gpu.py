@@ -73,9 +73,10 @@ def torch_index(recs):
 
 def locus_part(rows, tidx, peaks):
     lines = ["", "Fashion-MNIST 784-256-128-10, samples/s: locus-train (cuda; cached = device cache, stream "
-             "= pinned host batches, map = loader.gather = device; graphs on) vs PyTorch (resident "
+             "= pinned host batches, str8 = the same by 8 gather threads, map = loader.gather = device; "
+             "graphs on) vs PyTorch (resident "
              "data unless 'str')"]
-    lines.append(f"  {'prec':<5}{'batch':>6} {'L cached':>9}{'L stream':>9}{'L map':>9}{'L eager':>9}{'wait%':>6} "
+    lines.append(f"  {'prec':<5}{'batch':>6} {'L cached':>9}{'L stream':>9}{'L str8':>9}{'L map':>9}{'L eager':>9}{'wait%':>6} "
                  f"{'T eager':>9}{'T graph':>9}{'T g-str':>9}{'T comp':>9}  {'Lc/Te':>6}{'Lc/Tg':>6}{'Ls/Tgs':>7}"
                  f"{'L H2D GB/s':>11}")
     loc = {}
@@ -88,6 +89,7 @@ def locus_part(rows, tidx, peaks):
             ls = loc.get(("cuda", prec, b, "0", "true"), {})
             le = loc.get(("cuda", prec, b, "1024", "false"), {})
             lm = loc.get(("cuda", prec, b, "map", "true"), {})
+            s8 = num(loc.get(("cuda", prec, b, "0t8", "true"), {}).get("samples_per_s"))
             c, s, e = num(lc.get("samples_per_s")), num(ls.get("samples_per_s")), num(le.get("samples_per_s"))
             m = num(lm.get("samples_per_s"))
             wait = num(ls.get("data_wait_fraction"))
@@ -95,7 +97,7 @@ def locus_part(rows, tidx, peaks):
                  for m, f in (("eager", "resident"), ("graph", "resident"), ("compile", "resident"))}
             tgs = num(tidx.get(("fashion-mnist", prec, int(b), "stream", "graph"), {}).get("samples_per_s"))
             h2d = s * FM_SAMPLE_BYTES / 1e9 if s else None
-            lines.append(f"  {prec:<5}{b:>6} {fmt(c):>9}{fmt(s):>9}{fmt(m):>9}{fmt(e):>9}{fmt(wait and 100 * wait, '{:.1f}'):>6} "
+            lines.append(f"  {prec:<5}{b:>6} {fmt(c):>9}{fmt(s):>9}{fmt(s8):>9}{fmt(m):>9}{fmt(e):>9}{fmt(wait and 100 * wait, '{:.1f}'):>6} "
                          f"{fmt(t['eager']):>9}{fmt(t['graph']):>9}{fmt(tgs):>9}{fmt(t['compile']):>9}  "
                          f"{ratio(c, t['eager']):>6}{ratio(c, t['graph']):>6}{ratio(s, tgs):>7}"
                          f"{fmt(h2d, '{:.2f}'):>11}")
