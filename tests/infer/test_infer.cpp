@@ -248,8 +248,8 @@ TEST(Infer, StripedReadsGiveTheSameBytes) {
   // Each rank reads its units read_rows at a time into the compute thread's ring: one batch per
   // stripe (32), a size rounded up to whole batches (50 -> 64), two stripes whose second is
   // short (128 of 150), whole units (0) -- with and without speculation, by 1 reading thread
-  // (H5Dread: small chunks) or 3 (pread of the 50-row chunks), and an incremental run whose first unit starts mid-stripe.
-  // Every row is written once and equals the serial scorer.
+  // (H5Dread: small chunks) or 3 (pread of the 50-row chunks), and an incremental run whose
+  // first unit starts mid-stripe. Every row is written once and equals the serial scorer.
   Job s;
   write_data(s.world, s.data_path, 1234);
   for (std::uint64_t read_rows : {32u, 50u, 128u, 0u}) {

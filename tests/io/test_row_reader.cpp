@@ -149,8 +149,9 @@ void expect_same_rows(const std::string& path, int threads, bool direct,
 // Reads to cover: one row, a chunk's tail into the next, a whole chunk's worth, several MiB
 // (several shares), and everything.
 std::vector<std::pair<hsize_t, hsize_t>> ranges_of(hsize_t rows) {
-  return {{0, 1}, {35, 3}, {rows - 1, 1}, {30, 40}, {111, 37}, {7, std::min<hsize_t>(5000, rows - 7)}, {1, rows - 2},
-          {0, rows}, {rows / 2, rows - rows / 2}};
+  return {{0, 1}, {35, 3}, {rows - 1, 1}, {30, 40}, {111, 37},
+          {7, std::min<hsize_t>(5000, rows - 7)}, {0, rows}, {1, rows - 2},
+          {rows / 2, rows - rows / 2}};
 }
 
 constexpr hsize_t kRows = 12000;  // 4.6 MB: up to 4 shares of a whole read

@@ -62,7 +62,7 @@ std::string why_not_raw(hid_t file, hid_t dataset, std::uint64_t cols, int threa
 }  // namespace
 
 struct RowReader::Impl {
-  hid_t file = H5I_INVALID_HID, dataset = H5I_INVALID_HID;
+  hid_t dataset = H5I_INVALID_HID;
   std::uint64_t rows = 0, cols = 0;
   std::string path;
   std::string method;
@@ -79,7 +79,7 @@ struct RowReader::Impl {
   std::byte* pending_dst = nullptr;
   detail::ReadPool pool;
 
-  Impl(hid_t f, hid_t d, int threads) : file(f), dataset(d), pool(threads) {}
+  Impl(hid_t d, int threads) : dataset(d), pool(threads) {}
 
   // The chunk's file offset; nullopt when it was never written (its rows are the fill value).
   std::optional<std::uint64_t> chunk_at(std::uint64_t k) {
@@ -111,18 +111,20 @@ struct RowReader::Impl {
   }
 
   // Queues a range, merged with the pending one when both are adjacent in the file and in
-  // memory (consecutive chunks usually are); flush() hands the last one to the pool.
+  // memory (consecutive chunks usually are) until it holds a piece's worth: the pool's threads
+  // start on it while the next chunks are looked up. flush() hands the last one over.
   void add(std::uint64_t offset, float* dst, std::uint64_t bytes) {
     auto* d = reinterpret_cast<std::byte*>(dst);
     if (pending_bytes > 0 && pending_at + pending_bytes == offset &&
         pending_dst + pending_bytes == d) {
       pending_bytes += bytes;
-      return;
+    } else {
+      flush();
+      pending_at = offset;
+      pending_dst = d;
+      pending_bytes = bytes;
     }
-    flush();
-    pending_at = offset;
-    pending_dst = d;
-    pending_bytes = bytes;
+    if (pending_bytes >= detail::ReadPool::kPieceBytes) flush();
   }
   void flush() {
     pool.add(pending_at, pending_dst, pending_bytes);
@@ -131,7 +133,7 @@ struct RowReader::Impl {
 };
 
 RowReader::RowReader(hid_t file, hid_t dataset, int threads)
-    : impl_(std::make_unique<Impl>(file, dataset, threads)) {
+    : impl_(std::make_unique<Impl>(dataset, threads)) {
   Impl& m = *impl_;
   m.path = h5::file_name(file);
   h5::Id space(LOCUS_H5_CHECK(H5Dget_space(dataset)));

@@ -2,8 +2,8 @@
 // rows lie in the file as plain bytes (contiguous storage, or unfiltered chunks that span the
 // full row width; stored as native float32; not external), they are read with pread(2) from
 // several threads straight into the caller's buffer. HDF5 copies through one thread under its
-// global lock, and a single reader thread copies at most ~6 GB/s out of the page cache on a
-// GPU host whose host-to-device link takes 55 GB/s (bench/RESULTS.md, "GPU inference").
+// global lock, and one thread read 5.8 GB/s out of the page cache on the H200 host, whose
+// host-to-device link takes 55 GB/s (bench/RESULTS.md, "GPU inference").
 // Anywhere else (compression, type conversion, chunks never written; one thread on chunks below
 // 4 MiB, where looking up each chunk's address costs more than H5Dread's own overhead) the rows
 // go through H5Dread. The bytes are the same either way.
