@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numbers>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -508,6 +510,52 @@ TEST_F(CudaKernels, GatherRowsIsExact) {
           }
           EXPECT_TRUE(ddst.intact() && dout_lab.intact());
         }
+      }
+    }
+  }
+}
+
+// loader.gather = device: the source is page-locked host memory read through its mapped
+// device pointer, 8192 rows at once (several row blocks per column block, so the grid cap and
+// the row-stride loop both run), vector and scalar paths (src offset by one float), the grid
+// capped at 8 blocks or not, and 0 rows.
+TEST_F(CudaKernels, GatherRowsFromMappedHostMemoryIsExact) {
+  const int src_rows = 20000, rows = 8192;
+  for (const int cols : {13, 784}) {
+    for (const std::size_t offset : {0, 1}) {
+      for (const int max_blocks : {0, 8}) {
+        SCOPED_TRACE(::testing::Message() << rows << "x" << cols << " offset " << offset
+                                          << " max_blocks " << max_blocks);
+        const std::size_t width = static_cast<std::size_t>(cols);
+        std::vector<float> host(offset + static_cast<std::size_t>(src_rows) * width);
+        const auto values = uniform(static_cast<std::size_t>(src_rows) * width, -1, 1,
+                                    static_cast<std::uint64_t>(cols) * 10 + offset);
+        std::copy(values.begin(), values.end(), host.begin() + static_cast<std::ptrdiff_t>(offset));
+        ASSERT_EQ(cudaHostRegister(host.data(), host.size() * sizeof(float),
+                                   cudaHostRegisterMapped), cudaSuccess);
+        void* mapped = nullptr;
+        ASSERT_EQ(cudaHostGetDevicePointer(&mapped, host.data(), 0), cudaSuccess);
+        std::mt19937_64 gen(static_cast<std::uint64_t>(cols));
+        std::vector<std::int64_t> index(static_cast<std::size_t>(rows));
+        for (auto& i : index) i = static_cast<std::int64_t>(gen() % src_rows);
+        index.front() = 0;
+        index.back() = src_rows - 1;
+        Dev<float> ddst(index.size() * width);
+        Dev<std::int64_t> didx(index);
+        ddst.poison();
+        gather_rows(static_cast<const float*>(mapped) + offset, didx.get(), ddst.get(), rows, cols,
+                    nullptr, nullptr, stream_, max_blocks);
+        gather_rows(static_cast<const float*>(mapped) + offset, didx.get(), ddst.get(), 0, cols,
+                    nullptr, nullptr, stream_, max_blocks);
+        sync();
+        const auto dst = ddst.download();
+        for (std::size_t r = 0; r < index.size(); ++r) {
+          const auto from = static_cast<std::size_t>(index[r]);
+          ASSERT_EQ(std::memcmp(dst.data() + r * width, values.data() + from * width,
+                                width * sizeof(float)), 0) << "row " << r;
+        }
+        EXPECT_TRUE(ddst.intact());
+        ASSERT_EQ(cudaHostUnregister(host.data()), cudaSuccess);
       }
     }
   }

@@ -216,14 +216,27 @@ void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::
                "a dataset is mapped once, and not beside a device cache");
   if (x.empty()) return;  // a rank without rows has no batches to gather
   void* host = const_cast<float*>(x.data());  // the device only reads it
-  int read_only = 0;
-  LOCUS_CUDA_CHECK(
-      cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_.index));
-  const unsigned flags = cudaHostRegisterMapped | (read_only != 0 ? cudaHostRegisterReadOnly : 0u);
-  LOCUS_CUDA_CHECK(cudaHostRegister(host, x.size_bytes(), flags));
-  registered_ = host;
+  // Plain mapped registration: cudaHostRegisterReadOnly is for pages the process itself maps
+  // read-only, which this heap block is not.
+  auto refuse = [&](cudaError_t rc, const char* call) {
+    cudaGetLastError();  // not sticky: clear it, or the next launch check would report it
+    throw ConfigError(fmt::format(
+        "loader.gather = device: {} of the {:.1f} MiB of samples this rank holds failed on "
+        "device {}: {}{}; set loader.gather = host",
+        call, static_cast<double>(x.size_bytes()) / (1 << 20), device_.index,
+        cudaGetErrorString(rc),
+        rc == cudaErrorHostMemoryAlreadyRegistered
+            ? " (part of it is page-locked already, e.g. by the MPI library's CUDA transport)"
+            : ""));
+  };
+  if (const cudaError_t rc = cudaHostRegister(host, x.size_bytes(), cudaHostRegisterMapped);
+      rc != cudaSuccess) {
+    refuse(rc, "cudaHostRegister");
+  }
+  registered_ = host;  // unregistered by the destructor, whatever happens next
   void* device = nullptr;
-  LOCUS_CUDA_CHECK(cudaHostGetDevicePointer(&device, host, 0));
+  if (const cudaError_t rc = cudaHostGetDevicePointer(&device, host, 0); rc != cudaSuccess)
+    refuse(rc, "cudaHostGetDevicePointer");
   mapped_x_ = static_cast<const float*>(device);
 }
 

@@ -898,6 +898,8 @@ void gather_rows(const float* src, const std::int64_t* index, float* dst, int ro
   if (rows <= 0 || cols <= 0) return;
   const std::int32_t* from_labels = dst_labels != nullptr ? src_labels : nullptr;
   std::int32_t* to_labels = src_labels != nullptr ? dst_labels : nullptr;
+  // max_blocks caps the row blocks (grid.y) so that the grid holds about that many blocks;
+  // rows wider than max_blocks column blocks keep one row block (grid.x is never cut).
   const auto capped = [&](RowShape sh) {
     if (max_blocks > 0) {
       const unsigned y = std::max(1u, static_cast<unsigned>(max_blocks) / sh.grid.x);

@@ -24,8 +24,8 @@ struct PassScalars {
 // compute stream still reads slot (k - 1) % 2.
 struct InputSlot {
   InputSlot(int capacity, int input_width, int output_width, bool targets);
-  DeviceBuffer<float> x;                     // [rows, input width] (streamed batches)
-  DeviceBuffer<std::int64_t> resident_rows;  // [rows] (device cache)
+  DeviceBuffer<float> x;                     // [rows, input width]
+  DeviceBuffer<std::int64_t> resident_rows;  // [rows] (device cache, loader.gather = device)
   DeviceBuffer<std::int32_t> labels;         // [rows]
   DeviceBuffer<std::uint64_t> sample_ids;    // [rows] (dropout)
   DeviceBuffer<float> targets;               // [rows, output width] (mse)
