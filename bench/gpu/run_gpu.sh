@@ -213,6 +213,9 @@ elif ((gpu)); then
          "$bundle/tests/$t" --gtest_brief=1 --gtest_color=no) > "$tl" 2>&1 < /dev/null
       record_gtest "$t.hostid.np$n" "$n" "$?" "$tl" "$s"
     done
+  else
+    say "the host-id probe did not succeed: the NCCL reducer, stage link and NCCL trainer" \
+        "tests did NOT run (see the probe's lines above)"
   fi
 else
   say "no GPU: not run"

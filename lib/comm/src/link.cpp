@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <span>
+
 #include "locus/comm/agree.hpp"
 #include "locus/comm/error.hpp"
 #include "locus/config.hpp"
@@ -30,9 +33,35 @@ std::string_view to_string(LinkBackend b) noexcept {
   return "?";
 }
 
+namespace {
+
+// The environment settings that serialize NCCL kernels of different communicators ("" if none).
+[[maybe_unused]] std::string serializing_setting() {
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  if (connections != nullptr && std::atoi(connections) == 1) return "CUDA_DEVICE_MAX_CONNECTIONS=1";
+  const char* order = std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+  if (order != nullptr && std::atoi(order) != 0)
+    return fmt::format("NCCL_LAUNCH_ORDER_IMPLICIT={}", order);
+  return "";
+}
+
+}  // namespace
+
 std::string nccl_link_unusable_reason(const mpi::Comm& comm) {
 #if LOCUS_WITH_NCCL
-  return detail::duplicate_device_reason(comm, "pipeline");
+  std::string why = detail::duplicate_device_reason(comm, "pipeline");
+  if (!why.empty()) return why;
+  // The link's two channels (activations up, gradients down) must run their kernels side by
+  // side: on one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1) or with NCCL ordering its
+  // launches across communicators (NCCL_LAUNCH_ORDER_IMPLICIT), 1F1B can queue a send behind
+  // a transfer that waits for it.
+  const std::string mine = serializing_setting();
+  int any = mine.empty() ? 0 : 1;
+  comm.allreduce_inplace(std::span<int>(&any, 1), MPI_MAX);
+  if (any == 0) return "";
+  return fmt::format("{} serializes the kernels of the link's two NCCL communicators, which "
+                     "could deadlock the 1F1B schedule; unset it for NCCL stage links",
+                     mine.empty() ? "another pipeline rank's environment" : mine);
 #else
   (void)comm;
   return "this build has no NCCL (LOCUS_WITH_NCCL=0)";

@@ -92,12 +92,19 @@ void pin_deterministic_algorithm() {
 
 NcclComm::NcclComm(const mpi::Comm& comm, std::string role, NcclTimeout timeout)
     : rank_(comm.rank()), size_(comm.size()), role_(std::move(role)), timeout_(std::move(timeout)) {
-  ncclUniqueId id{};
-  if (comm.is_root()) {
-    const ncclResult_t rc = ncclGetUniqueId(&id);
-    if (rc != ncclSuccess) fail(rc, "ncclGetUniqueId");
+  // Rank 0's id and the result of making it, together: a failure there must reach every rank,
+  // which would otherwise wait in the broadcast for an id that never comes.
+  struct {
+    ncclUniqueId id;
+    int rc;
+  } root{};
+  if (comm.is_root()) root.rc = static_cast<int>(ncclGetUniqueId(&root.id));
+  LOCUS_MPI_CHECK(MPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, comm.get()));
+  if (root.rc != ncclSuccess) {
+    fail(static_cast<ncclResult_t>(root.rc),
+         comm.is_root() ? "ncclGetUniqueId" : "ncclGetUniqueId (on rank 0)");
   }
-  comm.bcast(std::span<char>(id.internal, sizeof(id.internal)), 0);
+  const ncclUniqueId& id = root.id;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // abortable while a peer is stuck
   const ncclResult_t rc = ncclCommInitRankConfig(&nccl_, size_, id, rank_, &config);
@@ -143,6 +150,14 @@ void NcclComm::await(const char* what, const std::function<bool()>& done) {
   }
 }
 
+void NcclComm::check(const char* what) {
+  LOCUS_ASSERT(nccl_ != nullptr, fmt::format("{} on an aborted NCCL communicator", what));
+  ncclResult_t st = ncclSuccess;
+  const ncclResult_t rc = ncclCommGetAsyncError(nccl_, &st);
+  if (rc != ncclSuccess) fail(rc, "ncclCommGetAsyncError");
+  if (st != ncclSuccess && st != ncclInProgress) fail(st, what);
+}
+
 void NcclComm::fail(ncclResult_t rc, const char* call) {
   const char* last = nccl_ != nullptr ? ncclGetLastError(nccl_) : "";
   const std::string text = fmt::format("{} failed: {} ({}{}{}) on {}", call,
@@ -158,12 +173,18 @@ void NcclComm::fail(ncclResult_t rc, const char* call) {
 
 void NcclComm::close(bool healthy) noexcept {
   if (nccl_ == nullptr) return;
-  if (healthy && ncclCommFinalize(nccl_) != ncclSuccess) healthy = false;
+  if (healthy) {
+    // On a non-blocking communicator the finalization runs in the background: the call
+    // returns ncclInProgress, and ncclCommGetAsyncError says when it is done.
+    const ncclResult_t rc = ncclCommFinalize(nccl_);
+    healthy = rc == ncclSuccess || rc == ncclInProgress;
+  }
   if (healthy) {
     ncclResult_t st = ncclInProgress;
     const auto start = Clock::now();
     while (st == ncclInProgress && Clock::now() - start < std::chrono::seconds(10)) {
       if (ncclCommGetAsyncError(nccl_, &st) != ncclSuccess) break;
+      if (st == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     healthy = st == ncclSuccess;
   }

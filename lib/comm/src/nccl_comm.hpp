@@ -66,11 +66,14 @@ class NcclComm {
   // asynchronous NCCL error, and after the timeout aborts the communicator and throws an
   // NcclError naming `what` (each poll interval counted as at most a second).
   void await(const char* what, const std::function<bool()>& done);
+  // Without waiting: fails (as await) when NCCL reports an asynchronous error.
+  void check(const char* what);
   // Aborts the communicator and throws an NcclError naming the call and NCCL's last error.
   [[noreturn]] void fail(ncclResult_t rc, const char* call);
 
   // Finalizes and destroys the communicator when `healthy` (every operation waited for) and
-  // NCCL agrees within 10 s, else aborts it. Never throws; idempotent.
+  // NCCL agrees within 10 s, else aborts it (an abort also ends NCCL kernels stuck on a dead
+  // peer). Never throws; idempotent.
   void close(bool healthy) noexcept;
 
   // "pipeline rank 1/2 on host, GPU 0 (0000:19:00.0)": where a message comes from.

@@ -14,8 +14,15 @@
 // Ordering on the device: a send's channel stream waits for the work enqueued on the buffer's
 // stream so far (an event); a receive's channel stream waits the same way for the buffer's
 // stream (the buffer may still be read by earlier work). wait() makes the buffer's stream wait
-// for the transfer (an event per request). The host never blocks except in drain(), which
-// polls NCCL's asynchronous error state and gives up after the timeout (nccl_comm.hpp).
+// for the transfer (an event per request). The host blocks in drain() and in settle() (before
+// the pipeline waits for a stream that waits for a transfer: the last stage's loss), which poll
+// every channel's NCCL error state and give up after the timeout (nccl_comm.hpp); any failure
+// there aborts every channel, since a channel left stuck would hang the next CUDA call that
+// synchronizes the device (a cudaFree while unwinding).
+//
+// Both channels' kernels must run side by side: serialized on one hardware queue, a send could
+// wait behind the other channel's transfer that waits for it (link.cpp refuses the settings
+// that serialize them).
 #include "nccl_entry.hpp"
 
 #include <cuda_runtime.h>
@@ -23,6 +30,8 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,6 +46,7 @@ class NcclLink final : public StageLink {
  public:
   NcclLink(const mpi::Comm& comm, std::span<const int> tags, const LinkOptions& options)
       : rank_(comm.rank()), size_(comm.size()) {
+    LOCUS_ASSERT(!tags.empty(), "an NCCL stage link needs at least one tag");
     for (const int tag : tags) {
       LOCUS_ASSERT(std::ranges::none_of(channels_, [&](const auto& c) { return c->tag == tag; }),
                    fmt::format("the NCCL link's tags repeat {}", tag));
@@ -49,27 +59,26 @@ class NcclLink final : public StageLink {
       channels_.push_back(std::move(c));
     }
     LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&settled_, cudaEventDisableTiming));
   }
 
   ~NcclLink() override {
-    // Never throws: a channel whose transfers did not all complete is aborted, not finalized.
-    for (auto& c : channels_) {
-      bool healthy = c->nccl->get() != nullptr;
-      if (healthy) {
-        try {
-          LOCUS_NCCL_CUDA(cudaEventRecord(c->idle, c->stream));
-          c->nccl->await("the last pipeline transfer", [&] { return event_done(c->idle); });
-        } catch (...) {
-          healthy = false;
-        }
+    // Never throws. Unwinding (a peer's error, a timeout) aborts at once: the peers may be gone,
+    // and a wait here would hold the job's exit for the whole timeout. Otherwise the transfers
+    // in flight are waited for, and the channels finalized.
+    bool healthy = std::uncaught_exceptions() == 0 &&
+                   std::ranges::all_of(channels_, [](const auto& c) { return c->nccl->get(); });
+    if (healthy) {
+      try {
+        await_idle("the last pipeline transfer");
+      } catch (...) {
+        healthy = false;  // await_idle aborted every channel
       }
-      c->nccl->close(healthy);
-      cudaStreamSynchronize(c->stream);
-      cudaStreamDestroy(c->stream);
-      cudaEventDestroy(c->idle);
     }
+    for (auto& c : channels_) c->nccl->close(healthy);
     for (Slot& s : slots_) cudaEventDestroy(s.done);
     if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (settled_ != nullptr) cudaEventDestroy(settled_);
   }
 
   void send(const GradientBuffer& buf, int peer, int tag, LinkRequest& r) override {
@@ -117,20 +126,33 @@ class NcclLink final : public StageLink {
     r.staging = -1;
   }
 
-  void drain() override {
-    for (auto& c : channels_) {
-      LOCUS_NCCL_CUDA(cudaEventRecord(c->idle, c->stream));
-      c->nccl->await("a pipeline transfer (stage link)", [&] { return event_done(c->idle); });
-    }
+  void drain() override { await_idle("a pipeline transfer (stage link)"); }
+
+  void settle(void* stream) override {
+    LOCUS_NCCL_CUDA(cudaEventRecord(settled_, static_cast<cudaStream_t>(stream)));
+    await_all("a pipeline transfer the loss waits for (stage link)",
+              [&] { return event_done(settled_); });
   }
 
   std::string_view name() const noexcept override { return "nccl"; }
 
  private:
   struct Channel {
+    Channel() = default;
+    Channel(const Channel&) = delete;
+    Channel& operator=(const Channel&) = delete;
+    // The communicator goes first (aborted unless closed), then what its kernels used.
+    ~Channel() {
+      nccl.reset();
+      if (stream != nullptr) {
+        cudaStreamSynchronize(stream);
+        cudaStreamDestroy(stream);
+      }
+      if (idle != nullptr) cudaEventDestroy(idle);
+    }
     int tag = 0;
     cudaStream_t stream = nullptr;
-    cudaEvent_t idle = nullptr;  // drain(): recorded after everything queued on the stream
+    cudaEvent_t idle = nullptr;  // recorded after everything queued on the stream
     std::unique_ptr<NcclComm> nccl;
   };
   // One request in flight: its event, and for a receive what to issue at wait().
@@ -162,6 +184,28 @@ class NcclLink final : public StageLink {
     return channel_of(tag);
   }
 
+  // Polls until done(), failing on any channel's NCCL error; after the timeout (counted by the
+  // first channel) or on any failure, every channel is aborted before the error goes on.
+  void await_all(const char* what, const std::function<bool()>& done) {
+    try {
+      channels_.front()->nccl->await(what, [&] {
+        for (std::size_t i = 1; i < channels_.size(); ++i) channels_[i]->nccl->check(what);
+        return done();
+      });
+    } catch (...) {
+      for (auto& c : channels_) c->nccl->close(false);
+      throw;
+    }
+  }
+
+  // Waits for everything queued on every channel's stream (as await_all).
+  void await_idle(const char* what) {
+    for (auto& c : channels_) LOCUS_NCCL_CUDA(cudaEventRecord(c->idle, c->stream));
+    await_all(what, [&] {
+      return std::ranges::all_of(channels_, [](const auto& c) { return event_done(c->idle); });
+    });
+  }
+
   // The channel's stream waits for the work enqueued on buf's stream so far.
   void after(const GradientBuffer& buf, Channel& c) {
     LOCUS_NCCL_CUDA(cudaEventRecord(ready_, static_cast<cudaStream_t>(buf.stream)));
@@ -187,7 +231,8 @@ class NcclLink final : public StageLink {
   int size_;
   std::vector<std::unique_ptr<Channel>> channels_;
   std::vector<Slot> slots_;
-  cudaEvent_t ready_ = nullptr;  // reused: each record is waited on at once
+  cudaEvent_t ready_ = nullptr;    // reused: each record is waited on at once
+  cudaEvent_t settled_ = nullptr;  // settle(): recorded on the stream it waits for
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,14 @@ inline std::optional<std::string> no_device() {
            "): GPU tests run on a GPU host (bench/gpu)";
   }
   return std::nullopt;
+}
+
+// LOCUS_REQUIRE_NCCL=1 (set by bench/gpu/hostid_rank.sh, where the ranks can form NCCL
+// communicators): a test that would skip because NCCL refused its ranks fails instead, so a
+// phase meant to run the NCCL paths cannot pass by skipping them.
+inline bool nccl_required() {
+  const char* v = std::getenv("LOCUS_REQUIRE_NCCL");
+  return v != nullptr && std::string(v) == "1";
 }
 
 }  // namespace locus::comm::test

@@ -97,6 +97,7 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
                 std::string::npos)
           << e.what();
     }
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
     GTEST_SKIP() << "NCCL refused, as it must: " << why;
   }
   const auto link = make_nccl_link(world, kTags, LinkOptions{});
@@ -162,8 +163,10 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
       EXPECT_FALSE(q.active());
     }
   }
+  // settle(): the stream's work so far is complete when it returns (nothing is queued after).
+  link->settle(stream_);
+  EXPECT_EQ(cudaStreamQuery(stream_), cudaSuccess);
   link->drain();
-  CU(cudaStreamSynchronize(stream_));
   for (int k = 0; k < kMessages; ++k) {
     if (last) {
       EXPECT_EQ(at(got_up, k), payload(kUp, k)) << "message " << k << " up";
@@ -177,9 +180,42 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
   EXPECT_FALSE(idle.active());
 }
 
+// CUDA_DEVICE_MAX_CONNECTIONS=1 (or NCCL_LAUNCH_ORDER_IMPLICIT) would put both channels'
+// kernels in one queue, where 1F1B can deadlock: the link is refused, naming the setting.
+TEST_F(NcclLink, RefusesSettingsThatSerializeItsChannels) {
+  const mpi::Comm world = mpi::Comm::world();
+  if (world.size() < 2) GTEST_SKIP() << "a stage link needs 2 ranks or more";
+  if (const std::string why = nccl_link_unusable_reason(world); !why.empty()) {
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
+    GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
+  }
+  for (const auto& [key, value] : {std::pair{"CUDA_DEVICE_MAX_CONNECTIONS", "1"},
+                                   std::pair{"NCCL_LAUNCH_ORDER_IMPLICIT", "1"}}) {
+    const bool mine = world.rank() == world.size() - 1;  // one rank's setting refuses them all
+    if (mine) setenv(key, value, 1);
+    const std::string why = nccl_link_unusable_reason(world);
+    if (mine) unsetenv(key);
+    EXPECT_NE(why.find(mine ? std::string(key) + "=1" : "another pipeline rank"),
+              std::string::npos) << why;
+    EXPECT_THROW(
+        {
+          if (mine) setenv(key, value, 1);
+          try {
+            make_nccl_link(world, kTags, LinkOptions{});
+          } catch (...) {
+            if (mine) unsetenv(key);
+            throw;
+          }
+        },
+        ConfigError);
+  }
+  EXPECT_EQ(nccl_link_unusable_reason(world), "");
+}
+
 TEST_F(NcclLink, RefusesHostBuffersUnknownTagsAndItself) {
   const mpi::Comm world = mpi::Comm::world();
-  if (!nccl_link_unusable_reason(world).empty()) {
+  if (const std::string why = nccl_link_unusable_reason(world); !why.empty()) {
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
     GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
   }
   const auto link = make_nccl_link(world, kTags, LinkOptions{});

@@ -68,6 +68,7 @@ TEST_F(NcclReducer, StreamsBucketsAfterTheProducerAndMatchesMpi) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
     cudaFree(d);
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
     GTEST_SKIP() << "the NCCL path needs a GPU per rank here: " << why;
   }
   std::vector<float> mine(n), want(n);

@@ -255,6 +255,9 @@ LossStats PipelineStage::Impl::loss_of(int m, bool want_grad) {
   const auto n = static_cast<std::size_t>(s.act->rows());
   const auto lab = labels.empty() ? labels : labels.subspan(first, n);
   const auto tgt = targets.empty() ? targets : targets.subspan(first * classes, n * classes);
+  // The loss waits (on the host) for the logits, which wait for the received activations: the
+  // link watches its peers meanwhile (NCCL; a no-op for host links).
+  link->settle(s.act->output().stream);
   return layer_ops->loss(*s.act, loss, lab, tgt, divisor, want_grad);
 }
 

@@ -56,6 +56,12 @@ class StageLink {
   // Blocks until every transfer this rank started has completed. Host links: nothing to do
   // (wait() blocks). NCCL: polls for peer errors and gives up after LinkOptions::timeout_s.
   virtual void drain() {}
+  // Blocks until the work enqueued on `stream` (a device stream; null: none) so far has
+  // completed. Host links: returns at once (their wait() already blocked). NCCL: called before
+  // the host waits for a stream that waits for a transfer, it polls for peer errors meanwhile
+  // and gives up after LinkOptions::timeout_s, so a dead peer ends the job with an NcclError
+  // instead of a wait inside CUDA that only the watchdog ends.
+  virtual void settle(void* stream) { (void)stream; }
 
   virtual std::string_view name() const noexcept = 0;  // "mpi", "mpi-host-staged", "nccl"
 };
