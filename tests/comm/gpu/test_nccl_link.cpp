@@ -11,10 +11,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "locus/comm/error.hpp"
@@ -115,9 +117,14 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
     }
   }
   const auto at = [](auto& v, int k) -> auto& { return v[static_cast<std::size_t>(k)]; };
-  // The origin's data, put on the stream before the send: the link must order itself after it.
+  // The origin's data, put on the stream before the send, 20 ms late (a host function sleeps
+  // on the stream first): the link must order itself after it, or it sends what the buffer
+  // held before.
   const auto fill = [&](DeviceBuffer& b, int tag, int k, std::vector<float>& keep) {
     keep = payload(tag, k);
+    CU(cudaLaunchHostFunc(
+        stream_, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); },
+        nullptr));
     CU(cudaMemcpyAsync(b.data, keep.data(), keep.size() * sizeof(float), cudaMemcpyHostToDevice,
                        stream_));
   };
