@@ -231,11 +231,14 @@ TEST(InferCuda, BytesDoNotDependOnWorldSizeReadsOrSchedule) {
       o.read_rows = read_rows;
       o.speculate = mode == 0;
       if (mode == 2) o.schedule = infer::Schedule::static_blocks;
+      // Parallel reads into the page-locked ring: 3 threads (pread), or 1 (H5Dread: the test
+      // file's chunks are small), or the cuda default.
+      o.read_threads = mode == 0 ? 3 : mode == 1 ? 1 : 0;
       const infer::InferResult r = infer::run_inference(s.world, o);
       const Output out = read_output(s.world, o.output, kRows);
       expect_all_written(out, r, s.world.size());
-      expect_same_bytes(out, ref, fmt::format("{} ranks, read_rows {}, mode {}",
-                                              s.world.size(), read_rows, mode));
+      expect_same_bytes(out, ref, fmt::format("{} ranks, read_rows {}, mode {}, read {}",
+                                              s.world.size(), read_rows, mode, r.read));
     }
   }
 }
