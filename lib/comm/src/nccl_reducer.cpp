@@ -47,6 +47,7 @@ class NcclReducer final : public GradientReducer {
         options_(options) {
     LOCUS_NCCL_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
+    LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&settled_, cudaEventDisableTiming));
     for (auto& e : done_) LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     build_buckets();
     pin_deterministic_algorithm();
@@ -73,6 +74,7 @@ class NcclReducer final : public GradientReducer {
       cudaStreamDestroy(stream_);
     }
     if (produced_ != nullptr) cudaEventDestroy(produced_);
+    if (settled_ != nullptr) cudaEventDestroy(settled_);
     for (auto e : done_) {
       if (e != nullptr) cudaEventDestroy(e);
     }
@@ -114,6 +116,12 @@ class NcclReducer final : public GradientReducer {
     ++stats_.steps;
     stats_.last.blocked_s = blocked;
     stats_.total.blocked_s += blocked;
+  }
+
+  void settle(void* stream) override {
+    LOCUS_NCCL_CUDA(cudaEventRecord(settled_, static_cast<cudaStream_t>(stream)));
+    nccl_->await("the gradient all-reduce a host wait depends on",
+                  [&] { return event_done(settled_); });
   }
 
   // Host data (rarely used): MPI on the reducer's own communicator.
@@ -163,6 +171,7 @@ class NcclReducer final : public GradientReducer {
   ReducerOptions options_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t produced_ = nullptr;
+  cudaEvent_t settled_ = nullptr;  // settle(): recorded on the stream it waits for
   std::array<cudaEvent_t, 2> done_{};
   int step_parity_ = 0;
   std::optional<NcclComm> nccl_;  // closed in the destructor, before the stream goes

@@ -106,8 +106,15 @@ bool Trainer::Impl::deferred_step() {
   return verdict != StepAction::stop;
 }
 
+// Before the host waits for the compute stream, which waits for the step's all-reduce: the
+// reducer watches its peers meanwhile (NCCL; host reducers already blocked in finish()).
+void Trainer::Impl::settle() {
+  if (reducer) reducer->settle(compute->grads().stream);
+}
+
 void Trainer::Impl::collect() {
   drained.clear();
+  settle();  // the loss sums and, after them, the gradient norm wait for the stream
   compute->drain_stats(drained);
   for (const LossStats& s : drained) {
     detail::add(progress.interval, s);

@@ -103,6 +103,9 @@ TEST_F(NcclReducer, StreamsBucketsAfterTheProducerAndMatchesMpi) {
         reducer->ready_from(off);
       }
       reducer->finish();
+      // settle(): what the producer's stream holds so far (the reduction included) is done.
+      reducer->settle(producer_);
+      EXPECT_EQ(cudaStreamQuery(producer_), cudaSuccess);
       std::vector<float> got(n);
       CU(cudaMemcpyAsync(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, producer_));
       CU(cudaStreamSynchronize(producer_));

@@ -34,6 +34,7 @@ StepAction Trainer::Impl::judge_step() {
   // This step's loss sums and gradient sum of squares (a device backend waits for them here,
   // once per step).
   drained.clear();
+  settle();
   const double squares = compute->take_step_values(drained);
   monitors.squares = squares;
   LossStats local;
