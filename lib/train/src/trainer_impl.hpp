@@ -93,11 +93,11 @@ struct Trainer::Impl {
   };
   // Calls the hook (if any) at the boundary after the current step; true when it stops.
   bool boundary(Running& run, bool epoch_end);
-  // Adds the loss sums of the steps since the last call (fetched from the backend) to the
-  // interval, the epoch and the call's total.
   // Waits (on the host) for the work queued on the compute stream so far, through the
   // reducer: a dead peer in the step's all-reduce ends the job after train.reducer_timeout_s.
   void settle();
+  // Adds the loss sums of the steps since the last call (fetched from the backend) to the
+  // interval, the epoch and the call's total.
   void collect();
   // Reports the interval since progress.interval_start, if it has steps.
   void close_interval(TrainObserver& obs);
