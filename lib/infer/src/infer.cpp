@@ -75,11 +75,13 @@ OutputKind resolve_kind(const std::string& outputs, train::Loss loss) {
   return parse_output_kind(outputs);
 }
 
-// Collective over comm (the node-local split): infer.read_threads, with 0 resolved (see
-// InferOptions::read_threads).
+// Collective over comm where it splits it (automatic on cuda): infer.read_threads, with 0
+// resolved (see InferOptions::read_threads).
 int resolve_read_threads(const mpi::Comm& comm, const InferOptions& o, bool cuda) {
-  const comm::Topology topo(comm);
+  // o and cuda are the same on every rank: either all ranks split the communicator or none.
   if (o.read_threads > 0) return o.read_threads;
+  if (!cuda) return detail::auto_read_threads(false, 0, 0);
+  const comm::Topology topo(comm);
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
