@@ -20,6 +20,9 @@ write the same datasets, made durable (fsync) at the end.
 
 Prints the measurements, then one summary line starting with 'infer_gpu' (run_gpu.sh's table).
   infer_gpu_bench.py --apps BUNDLE/apps --work DIR [--rows 1048576] [--batch 8192] [--out TSV]
+  --device cpu: the same steps with infer.backend=cpu and PyTorch on the CPU (no H2D bound), so
+  that a machine without a GPU checks the script and the apps' reports it reads (run_gpu.sh
+  does this on small inputs when there is no GPU); its figures say nothing about a GPU.
 """
 import argparse
 import concurrent.futures
@@ -116,11 +119,11 @@ def h2d_bandwidth(torch):
     return best
 
 
-def run_locus(apps, model, data, out, batch, ranks=1, extra=()):
+def run_locus(apps, model, data, out, batch, device, ranks=1, extra=()):
     launch = [] if ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe",
                                     "--bind-to", "none", "-n", str(ranks)]
     cmd = [*launch, os.path.join(apps, "locus-infer"), f"--infer.model={model}", f"--infer.input={data}",
-           f"--infer.output={out}", "--infer.backend=cuda", f"--infer.batch_rows={batch}",
+           f"--infer.output={out}", f"--infer.backend={device}", f"--infer.batch_rows={batch}",
            f"--infer.top_k={TOP_K}", "--overwrite", *extra]
     env = dict(os.environ, OMPI_MCA_ess_singleton_isolated="1")
     t = time.perf_counter()
@@ -133,8 +136,9 @@ def run_locus(apps, model, data, out, batch, ranks=1, extra=()):
     return wall, rep, p.stdout
 
 
-def run_torch(torch, model_path, data, out, block):
-    dev = torch.device("cuda")
+def run_torch(torch, model_path, data, out, block, device):
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with h5py.File(model_path, "r") as f:
         layers = []
         for i in range(len(WIDTHS) - 1):
@@ -145,7 +149,7 @@ def run_torch(torch, model_path, data, out, block):
     net = torch.nn.Sequential(*layers[:-1]).eval().to(dev)
     with torch.no_grad():  # warm-up: context, cuBLAS handles, kernels (not timed)
         net(torch.zeros(block, WIDTHS[0], device=dev)).softmax(1).topk(TOP_K, 1)
-    torch.cuda.synchronize()
+    sync()
     c = WIDTHS[-1]
     t = time.perf_counter()
     with h5py.File(data, "r") as fin, h5py.File(out, "w") as fout, torch.no_grad():
@@ -155,7 +159,8 @@ def run_torch(torch, model_path, data, out, block):
         pred = fout.create_dataset("predicted", (n,), np.int32)
         tkc = fout.create_dataset("topk_classes", (n, TOP_K), np.int32)
         tks = fout.create_dataset("topk_scores", (n, TOP_K), np.float32)
-        pinned = torch.empty((block, WIDTHS[0]), dtype=torch.float32, pin_memory=True)
+        pinned = torch.empty((block, WIDTHS[0]), dtype=torch.float32,
+                             pin_memory=device == "cuda")
         correct, loss = 0, 0.0
         for lo in range(0, n, block):
             hi = min(n, lo + block)
@@ -185,9 +190,11 @@ def main():
     ap.add_argument("--block", type=int, default=65536, help="PyTorch rows per h5py read")
     ap.add_argument("--ranks", type=int, default=4, help="also run locus-infer on this many ranks (0: no)")
     ap.add_argument("--out", default="", help="TSV of the figures")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a check of the script without a GPU (infer.backend=cpu)")
     a = ap.parse_args()
     import torch
-    if not torch.cuda.is_available():
+    if a.device == "cuda" and not torch.cuda.is_available():
         print("infer_gpu: no GPU (torch.cuda.is_available() is False): not run")
         return 0
     os.makedirs(a.work, exist_ok=True)
@@ -201,7 +208,7 @@ def main():
     read1_gbs = read_bandwidth(data, 1)
     read8_gbs = read_bandwidth(data, 8)
     read_gbs = max(read1_gbs, read8_gbs)
-    h2d_gbs = h2d_bandwidth(torch)
+    h2d_gbs = h2d_bandwidth(torch) if a.device == "cuda" else float("inf")
     bound = min(read_gbs, h2d_gbs) * 1e9 / row_bytes
     print(f"file read (warm) {read1_gbs:.2f} GB/s from 1 thread, {read8_gbs:.2f} GB/s from 8; "
           f"pinned H2D {h2d_gbs:.2f} GB/s; {row_bytes} B/row: "
@@ -213,7 +220,7 @@ def main():
         if name.startswith("locus"):
             extra = ["--infer.read_threads=1"] if name == "locus1" else []
             wall, rep, text = run_locus(a.apps, model, data, os.path.join(a.work, "locus-out.h5"),
-                                        a.batch, extra=extra)
+                                        a.batch, a.device, extra=extra)
             s = rep["seconds_total"]
             pr = rep["per_rank"][0]
             print(f"locus-infer ({rep['read']}): {s:.3f} s in run_inference (scoring "
@@ -227,7 +234,8 @@ def main():
             r["acc"], r["loss"] = rep["metrics"]["accuracy"], rep["metrics"]["log_loss"]
             r["read"] = rep["read"]
         else:
-            s, acc, loss = run_torch(torch, model, data, os.path.join(a.work, "torch-out.h5"), a.block)
+            s, acc, loss = run_torch(torch, model, data, os.path.join(a.work, "torch-out.h5"),
+                                     a.block, a.device)
             print(f"h5py + PyTorch: {s:.3f} s (after warm-up); accuracy {acc:.4f}, log-loss {loss:.5f}")
             r = res.setdefault("torch", {"s": 1e9})
             r["s"] = min(r["s"], s)
@@ -236,7 +244,7 @@ def main():
         best = 1e9
         for _ in range(2):
             wall, rep, _ = run_locus(a.apps, model, data, os.path.join(a.work, "locus-np.h5"),
-                                     a.batch, ranks=a.ranks)
+                                     a.batch, a.device, ranks=a.ranks)
             best = min(best, rep["seconds_total"])
         print(f"locus-infer, {a.ranks} ranks on the one GPU: {best:.3f} s in run_inference "
               f"({a.rows / best / 1e6:.2f} M rows/s)")
@@ -248,7 +256,7 @@ def main():
         agree = float(np.mean(f1["predicted"][:n] == f2["predicted"][:n]))
     print(f"locus vs PyTorch on the first {n} rows: max |p| difference {dp:.2e}, argmax agreement {agree:.5f}")
     lr, tr = a.rows / res["locus"]["s"], a.rows / res["torch"]["s"]
-    line = (f"infer_gpu rows={a.rows} locus={res['locus']['s']:.3f}s ({lr / 1e6:.2f} Mrows/s) "
+    line = (f"infer_gpu {'' if a.device == 'cuda' else 'device=cpu '}rows={a.rows} locus={res['locus']['s']:.3f}s ({lr / 1e6:.2f} Mrows/s) "
             f"torch={res['torch']['s']:.3f}s ({tr / 1e6:.2f} Mrows/s) speedup={lr / tr:.2f}x "
             f"bound={bound / 1e6:.2f} Mrows/s ({'read' if read_gbs < h2d_gbs else 'H2D'} {min(read_gbs, h2d_gbs):.1f} GB/s) "
             f"locus/bound={lr / bound:.2f} locus_wall={res['locus']['wall']:.3f}s "
