@@ -76,7 +76,7 @@ def locus_part(rows, tidx, peaks):
              "= pinned host batches, str8 = the same by 8 gather threads, map = loader.gather = device; "
              "graphs on) vs PyTorch (resident "
              "data unless 'str')"]
-    lines.append(f"  {'prec':<5}{'batch':>6} {'L cached':>9}{'L stream':>9}{'L str8':>9}{'L map':>9}{'L eager':>9}{'wait%':>6} "
+    lines.append(f"  {'prec':<5}{'batch':>6} {'L cached':>9}{'L stream':>9}{'L str8':>9}{'L map':>9}{'L eager':>9}{'wait% c/s/s8/m':>20} "
                  f"{'T eager':>9}{'T graph':>9}{'T g-str':>9}{'T comp':>9}  {'Lc/Te':>6}{'Lc/Tg':>6}{'Ls/Tgs':>7}"
                  f"{'L H2D GB/s':>11}")
     loc = {}
@@ -89,19 +89,21 @@ def locus_part(rows, tidx, peaks):
             ls = loc.get(("cuda", prec, b, "0", "true"), {})
             le = loc.get(("cuda", prec, b, "1024", "false"), {})
             lm = loc.get(("cuda", prec, b, "map", "true"), {})
-            s8 = num(loc.get(("cuda", prec, b, "0t8", "true"), {}).get("samples_per_s"))
+            l8 = loc.get(("cuda", prec, b, "0t8", "true"), {})
+            s8 = num(l8.get("samples_per_s"))
             c, s, e = num(lc.get("samples_per_s")), num(ls.get("samples_per_s")), num(le.get("samples_per_s"))
             m = num(lm.get("samples_per_s"))
-            wait = num(ls.get("data_wait_fraction"))
+            waits = "/".join(fmt(w and 100 * w, "{:.1f}")
+                             for w in (num(x.get("data_wait_fraction")) for x in (lc, ls, l8, lm)))
             t = {m: num(tidx.get(("fashion-mnist", prec, int(b), f, m), {}).get("samples_per_s"))
                  for m, f in (("eager", "resident"), ("graph", "resident"), ("compile", "resident"))}
             tgs = num(tidx.get(("fashion-mnist", prec, int(b), "stream", "graph"), {}).get("samples_per_s"))
             h2d = s * FM_SAMPLE_BYTES / 1e9 if s else None
-            lines.append(f"  {prec:<5}{b:>6} {fmt(c):>9}{fmt(s):>9}{fmt(s8):>9}{fmt(m):>9}{fmt(e):>9}{fmt(wait and 100 * wait, '{:.1f}'):>6} "
+            lines.append(f"  {prec:<5}{b:>6} {fmt(c):>9}{fmt(s):>9}{fmt(s8):>9}{fmt(m):>9}{fmt(e):>9}{waits:>20} "
                          f"{fmt(t['eager']):>9}{fmt(t['graph']):>9}{fmt(tgs):>9}{fmt(t['compile']):>9}  "
                          f"{ratio(c, t['eager']):>6}{ratio(c, t['graph']):>6}{ratio(s, tgs):>7}"
                          f"{fmt(h2d, '{:.2f}'):>11}")
-    lines.append(f"  wait% = data_wait_fraction of the streamed run; L H2D = streamed samples/s x {FM_SAMPLE_BYTES} B "
+    lines.append(f"  wait% = data_wait_fraction of the cached / streamed / str8 / map runs; L H2D = streamed samples/s x {FM_SAMPLE_BYTES} B "
                  f"(pinned peak measured: {fmt(h2d_peak, '{:.1f}')} GB/s)")
     fails = [r for r in rows if r["status"] != "ok"]
     if fails:
