@@ -2,9 +2,13 @@
 // from train::Loader and "computes" on each for a fixed time (a busy loop standing in for a
 // training step), and reports how long next() waited: per-step median/p90/p99 and the share
 // of the loop, and how many batches next() gathered itself (ring empty, data in memory).
-// Background producer vs synchronous reads, any prefetch depth.
+// Background producer vs synchronous reads, any prefetch depth; --features 0 hands over only
+// row indices and labels, as for a device-resident set (loader.device_cache_mb: the GPU
+// gathers the rows), where a step may be tens of microseconds (--step-ms 0.08).
 //   mpirun -n 2 loader_wait_bench FILE [--batch 128 (per rank)] [--prefetch 4]
 //          [--background 1] [--step-ms 1.4] [--epochs 2] [--shuffle global|local]
+//          [--features 1] [--gather-threads 0] [--paced 0 (LoaderOptions::paced_producer)]
+//          [--skip-epochs 0 (not counted: start-up)]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,7 +28,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::string path;
-  long batch = 128, prefetch = 4, background = 1, epochs = 2;
+  long batch = 128, prefetch = 4, background = 1, epochs = 2, features = 1, gather_threads = 0,
+       skip_epochs = 0, paced = 0;
   double step_ms = 1.4;
   std::string shuffle = "global";
 };
@@ -42,6 +47,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--epochs") a.epochs = std::atol(v);
     else if (k == "--step-ms") a.step_ms = std::atof(v);
     else if (k == "--shuffle") a.shuffle = v;
+    else if (k == "--features") a.features = std::atol(v);
+    else if (k == "--gather-threads") a.gather_threads = std::atol(v);
+    else if (k == "--skip-epochs") a.skip_epochs = std::atol(v);
+    else if (k == "--paced") a.paced = std::atol(v);
     else throw ConfigError("unknown option " + std::string(k) + ": see the file header");
   }
   return a;
@@ -60,17 +69,23 @@ int run(mpi::Comm& world, int argc, char** argv) {
   o.shuffle = train::parse_shuffle(a.shuffle);
   o.prefetch_depth = static_cast<int>(a.prefetch);
   o.background = a.background != 0;
+  o.gather_features = a.features != 0;
+  o.gather_threads = static_cast<int>(a.gather_threads);
+  o.paced_producer = a.paced != 0;
   train::Loader loader(world, o);
   std::vector<double> waits;
   volatile float sink = 0;
-  const auto t0 = Clock::now();
+  auto t0 = Clock::now();
   for (long e = 0; e < a.epochs; ++e) {
+    if (e == a.skip_epochs) t0 = Clock::now();
     loader.start_epoch(e);
     while (const train::LoadedBatch* b = loader.next()) {
-      waits.push_back(loader.last_wait_seconds() * 1e3);
+      if (e >= a.skip_epochs) waits.push_back(loader.last_wait_seconds() * 1e3);
       const auto s0 = Clock::now();
-      // Touch the batch like a step would (its first row), then spin for the step time.
-      if (b->rows > 0) sink = sink + b->x[0];
+      // Touch the batch like a step would (its first row or index), then spin for the step.
+      if (b->rows > 0) {
+        sink = sink + (b->x.empty() ? static_cast<float>(b->resident_rows[0]) : b->x[0]);
+      }
       while (std::chrono::duration<double, std::milli>(Clock::now() - s0).count() < a.step_ms) {
       }
     }
@@ -78,11 +93,13 @@ int run(mpi::Comm& world, int argc, char** argv) {
   const double total = std::chrono::duration<double>(Clock::now() - t0).count();
   double sum = 0;
   for (const double w : waits) sum += w;
-  std::printf("rank %d: %zu steps, %s, prefetch %ld, step %.2f ms: wait median %.3f p90 %.3f "
-              "p99 %.3f ms, total %.1f ms = %.2f%% of the loop; %lld batches gathered by next()\n",
+  std::printf("rank %d: %zu steps, %s%s, %s, prefetch %ld, step %.3f ms: wait median %.4f p90 "
+              "%.4f p99 %.4f ms, total %.1f ms = %.2f%% of the loop; %lld batches gathered by "
+              "next()\n",
               world.rank(), waits.size(),
-              o.background && loader.threaded() ? "producer thread" : "synchronous", a.prefetch,
-              a.step_ms, quantile(waits, 0.5), quantile(waits, 0.9), quantile(waits, 0.99), sum,
+              o.background && loader.threaded() ? "producer thread" : "synchronous",
+              o.paced_producer ? " (paced)" : "", o.gather_features ? "features" : "indices only", a.prefetch, a.step_ms,
+              quantile(waits, 0.5), quantile(waits, 0.9), quantile(waits, 0.99), sum,
               100.0 * sum / 1e3 / total, static_cast<long long>(loader.consumer_batches()));
   return 0;
 }

@@ -152,6 +152,9 @@ TEST_F(LoaderTest, PrefetchDepthAndThreadingDoNotChangeBatches) {
     Loader shallow(world_, o);
     o.prefetch_depth = 8;
     Loader deep(world_, o);
+    o.prefetch_depth = 4;
+    o.paced_producer = true;
+    Loader paced(world_, o);
     o.background = false;
     Loader sync(world_, o);
     EXPECT_TRUE(shallow.threaded());  // the test main asks for MPI_THREAD_MULTIPLE
@@ -160,10 +163,13 @@ TEST_F(LoaderTest, PrefetchDepthAndThreadingDoNotChangeBatches) {
       const test::Epoch a = test::record(shallow, epoch);
       const test::Epoch b = test::record(deep, epoch);
       const test::Epoch c = test::record(sync, epoch);
+      const test::Epoch d = test::record(paced, epoch);
       EXPECT_EQ(a.ids, b.ids);
       EXPECT_EQ(a.ids, c.ids);
+      EXPECT_EQ(a.ids, d.ids);
       EXPECT_EQ(a.x, b.x);
       EXPECT_EQ(a.x, c.x);
+      EXPECT_EQ(a.x, d.x);
     }
   }
 }
@@ -210,31 +216,35 @@ TEST_F(LoaderTest, BatchesPreparedAheadForTheNextEpochAreTheRightOnes) {
   // abandoned part-way, or followed by a different epoch.
   for (const Mode& m : kModes) {
     SCOPED_TRACE(train::to_string(m.shuffle));
-    LoaderOptions o = opts(m.shuffle, 7, m.budget);
-    o.prefetch_depth = 3;
-    Loader ahead(world_, o);
-    o.background = false;
-    Loader sync(world_, o);
-    // (epoch, batches read): 8 is the whole epoch; reading 6 of 8 with depth 3 leaves the
-    // ring holding old batches ahead of prepared ones.
-    const std::int64_t plan[][2] = {{0, 8}, {1, 6}, {2, 8}, {3, 0}, {5, 8}, {5, 8}, {6, 7},
-                                    {7, 2}, {0, 6}};
-    for (const auto& [epoch, batches] : plan) {
-      // Give the producer time to run ahead into the next epoch (coverage, not correctness).
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      ahead.start_epoch(epoch);
-      sync.start_epoch(epoch);
-      for (std::int64_t k = 0; k < batches; ++k) {
-        const train::LoadedBatch* a = ahead.next();
-        const train::LoadedBatch* b = sync.next();
-        ASSERT_EQ(a == nullptr, b == nullptr);
-        if (a == nullptr) break;
-        EXPECT_EQ(a->epoch, epoch);
-        EXPECT_EQ(a->step, k);
-        EXPECT_TRUE(std::equal(a->sample_ids.begin(), a->sample_ids.end(),
-                               b->sample_ids.begin(), b->sample_ids.end()))
-            << "epoch " << epoch << " step " << k;
-        EXPECT_TRUE(std::equal(a->x.begin(), a->x.end(), b->x.begin(), b->x.end()));
+    for (const bool paced : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "paced " << paced);
+      LoaderOptions o = opts(m.shuffle, 7, m.budget);
+      o.prefetch_depth = 3;
+      o.paced_producer = paced;
+      Loader ahead(world_, o);
+      o.background = false;
+      Loader sync(world_, o);
+      // (epoch, batches read): 8 is the whole epoch; reading 6 of 8 with depth 3 leaves the
+      // ring holding old batches ahead of prepared ones.
+      const std::int64_t plan[][2] = {{0, 8}, {1, 6}, {2, 8}, {3, 0}, {5, 8},
+                                      {5, 8}, {6, 7}, {7, 2}, {0, 6}};
+      for (const auto& [epoch, batches] : plan) {
+        // Give the producer time to run ahead into the next epoch (coverage, not correctness).
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        ahead.start_epoch(epoch);
+        sync.start_epoch(epoch);
+        for (std::int64_t k = 0; k < batches; ++k) {
+          const train::LoadedBatch* a = ahead.next();
+          const train::LoadedBatch* b = sync.next();
+          ASSERT_EQ(a == nullptr, b == nullptr);
+          if (a == nullptr) break;
+          EXPECT_EQ(a->epoch, epoch);
+          EXPECT_EQ(a->step, k);
+          EXPECT_TRUE(std::equal(a->sample_ids.begin(), a->sample_ids.end(), b->sample_ids.begin(),
+                                 b->sample_ids.end()))
+              << "epoch " << epoch << " step " << k;
+          EXPECT_TRUE(std::equal(a->x.begin(), a->x.end(), b->x.begin(), b->x.end()));
+        }
       }
     }
   }

@@ -1,8 +1,9 @@
 // The loader's hand-off and device hooks at 1, 2 and 4 ranks: batches next() gathers itself
 // (ring empty, samples in memory) equal the producer's and the synchronous loader's in every
-// shuffle mode, across epoch boundaries and resumes; batch buffers come from host_memory and
-// are all returned; resident() gathered by resident_rows reproduces x, also without the host
-// feature copy (gather_features = false), which is refused out of core.
+// shuffle mode, across epoch boundaries and resumes, also with a paced producer (which must
+// refill the ring unwoken); batch buffers come from host_memory and are all returned;
+// resident() gathered by resident_rows reproduces x, also without the host feature copy
+// (gather_features = false), which is refused out of core.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -82,42 +83,91 @@ TEST_F(LoaderHandoffTest, ConsumerGatheredBatchesEqualTheProducers) {
   for (const Mode& m : kInMemory) {
     for (std::int64_t batch : {7, 20}) {
       for (bool drop_last : {false, true}) {
-        SCOPED_TRACE(testing::Message() << train::to_string(m.shuffle) << " batch " << batch
-                                        << " drop_last " << drop_last);
-        LoaderOptions o = opts(m.shuffle, batch, m.budget);
-        o.drop_last = drop_last;
-        o.prefetch_depth = 2;
-        Loader mixed(world_, o);
-        o.background = false;
-        Loader sync(world_, o);
-        ASSERT_TRUE(mixed.threaded());
-        const std::int64_t steps = mixed.steps_per_epoch();
-        // (epoch, first step, batches): whole epochs, an abandoned one, resumes, a repeat.
-        const std::int64_t plan[][3] = {{0, 0, steps}, {1, 0, steps}, {2, 0, 2},
-                                        {2, 1, steps}, {5, 0, steps}, {6, steps - 1, steps},
-                                        {7, 0, steps}, {0, 2, steps}};
-        std::uint64_t k = 0;
-        for (const auto& [epoch, first, batches] : plan) {
-          mixed.start_epoch(epoch, first);
-          sync.start_epoch(epoch, first);
-          for (std::int64_t j = 0; j < batches; ++j, ++k) {
-            // Alternate runs of held and free producer (3 of every 5 steps held), so batches
-            // of both origins meet at epoch ends and around resumes.
-            LoaderTestAccess::hold_producer(mixed, k % 5 < 3);
-            if (k % 5 == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            const LoadedBatch* a = mixed.next();
-            const LoadedBatch* b = sync.next();
-            ASSERT_EQ(a == nullptr, b == nullptr) << "epoch " << epoch << " batch " << j;
-            if (a == nullptr) break;
-            EXPECT_EQ(a->epoch, epoch);
-            EXPECT_EQ(a->step, first + j);
-            expect_same_batch(*a, *b);
+        for (bool paced : {false, true}) {
+          SCOPED_TRACE(testing::Message() << train::to_string(m.shuffle) << " batch " << batch
+                                          << " drop_last " << drop_last << " paced " << paced);
+          LoaderOptions o = opts(m.shuffle, batch, m.budget);
+          o.drop_last = drop_last;
+          o.prefetch_depth = 2;
+          o.paced_producer = paced;
+          Loader mixed(world_, o);
+          o.background = false;
+          Loader sync(world_, o);
+          ASSERT_TRUE(mixed.threaded());
+          const std::int64_t steps = mixed.steps_per_epoch();
+          // (epoch, first step, batches): whole epochs, an abandoned one, resumes, a repeat.
+          const std::int64_t plan[][3] = {{0, 0, steps}, {1, 0, steps}, {2, 0, 2},
+                                          {2, 1, steps}, {5, 0, steps}, {6, steps - 1, steps},
+                                          {7, 0, steps}, {0, 2, steps}};
+          std::uint64_t k = 0;
+          for (const auto& [epoch, first, batches] : plan) {
+            mixed.start_epoch(epoch, first);
+            sync.start_epoch(epoch, first);
+            for (std::int64_t j = 0; j < batches; ++j, ++k) {
+              // Alternate runs of held and free producer (3 of every 5 steps held), so batches
+              // of both origins meet at epoch ends and around resumes.
+              LoaderTestAccess::hold_producer(mixed, k % 5 < 3);
+              if (k % 5 == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              const LoadedBatch* a = mixed.next();
+              const LoadedBatch* b = sync.next();
+              ASSERT_EQ(a == nullptr, b == nullptr) << "epoch " << epoch << " batch " << j;
+              if (a == nullptr) break;
+              EXPECT_EQ(a->epoch, epoch);
+              EXPECT_EQ(a->step, first + j);
+              expect_same_batch(*a, *b);
+            }
           }
+          LoaderTestAccess::hold_producer(mixed, false);
+          EXPECT_GT(mixed.consumer_batches(), 0);
+          EXPECT_EQ(sync.consumer_batches(), 0);
         }
-        LoaderTestAccess::hold_producer(mixed, false);
-        EXPECT_GT(mixed.consumer_batches(), 0);
-        EXPECT_EQ(sync.consumer_batches(), 0);
       }
+    }
+  }
+}
+
+// paced_producer: next() does not wake the producer while the ring holds a batch, so the
+// producer must come back by itself (idle_wait(): 2 ms at most while the consumer keeps its
+// pace, then longer, up to 100 ms) and refill the ring; a producer that slept until woken
+// would leave it with one batch.
+// The batches, in every mode (out of core next() cannot gather them itself), are the
+// synchronous loader's.
+TEST_F(LoaderHandoffTest, PacedProducerRefillsTheRingUnwoken) {
+  const auto wait_for_ring = [](Loader& l, std::size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (LoaderTestAccess::ready_batches(l) < n) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
+  };
+  for (const Mode& m : kAll) {
+    SCOPED_TRACE(testing::Message() << train::to_string(m.shuffle) << " budget " << m.budget);
+    LoaderOptions o = opts(m.shuffle, 5, m.budget);  // 11 steps
+    o.prefetch_depth = 4;
+    o.paced_producer = true;
+    Loader paced(world_, o);
+    o.background = false;
+    Loader sync(world_, o);
+    ASSERT_TRUE(paced.threaded());
+    ASSERT_EQ(paced.steps_per_epoch(), 11);
+    for (std::int64_t epoch : {0, 1}) {
+      paced.start_epoch(epoch);
+      sync.start_epoch(epoch);
+      std::int64_t step = 0;
+      while (const LoadedBatch* a = paced.next()) {
+        const LoadedBatch* b = sync.next();
+        ASSERT_NE(b, nullptr);
+        expect_same_batch(*a, *b);
+        // Every third step, a pause: the ring (3 batches left after this next()) must be
+        // filled again without another next() (the rest of the epoch allowing).
+        if (++step % 3 == 0 && step + 4 <= paced.steps_per_epoch()) {
+          ASSERT_TRUE(wait_for_ring(paced, 4)) << "epoch " << epoch << " step " << step << ": "
+                                               << LoaderTestAccess::ready_batches(paced)
+                                               << " batches in the ring after 3 s";
+        }
+      }
+      EXPECT_EQ(sync.next(), nullptr);
     }
   }
 }

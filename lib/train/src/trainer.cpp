@@ -202,6 +202,9 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
       train_data.host_memory = eval_data.host_memory = compute->host_memory();
       train_data.gather_features = opts.device_cache_bytes == 0 && !opts.device_gather;
     }
+    // A device backend's loop thread launches the device's work: its loaders' producers pace
+    // themselves instead of being woken by it.
+    train_data.paced_producer = eval_data.paced_producer = train_data.host_memory != nullptr;
     train_data.gather_threads = eval_data.gather_threads =
         gather_threads(opts.data.gather_threads, train_data.host_memory != nullptr,
                        g.node_ranks());

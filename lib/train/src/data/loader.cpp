@@ -6,7 +6,9 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -87,6 +89,10 @@ void stop_wakeup_preemption() {
 #endif
 }
 
+// The paced producer's sleeps (idle_wait()), in seconds: paced, and after looks that found
+// nothing to do.
+constexpr double kIdleWaitMin = 20e-6, kIdleWaitMax = 2e-3, kIdleWaitLongest = 0.1;
+
 }  // namespace
 
 struct Loader::Impl {
@@ -121,6 +127,11 @@ struct Loader::Impl {
   bool early = false;  // may produce epoch 0 before the first start_epoch (no HDF5 needed)
   bool init_done = false;
   bool producer_idle = false;  // the producer waits on cv and nobody has woken it yet
+  // The consumer's pace: a moving average of the time between next() calls (0: none yet),
+  // from which the idle producer times its sleep (see idle_wait()).
+  double pace_s = 0;
+  std::chrono::steady_clock::time_point last_next{};
+  std::int64_t ordered_epoch = -1;  // the last epoch whose order the idle producer prepared
   bool held_back = false;      // LoaderTestAccess::hold_producer
   std::exception_ptr error;  // from opening (init) or from a read
   std::int64_t epoch = -1;         // the epoch next() serves (-1 before start_epoch)
@@ -144,10 +155,12 @@ struct Loader::Impl {
   }
   void run();
   bool has_work();
+  std::chrono::microseconds idle_wait(int idle) const;
+  bool prepare_next_order(std::unique_lock<std::mutex>& lk, detail::Feeder& f);
   void produce(detail::Feeder& f);
   bool keep_speculation(std::int64_t e, std::int64_t first_step);
   Buffer* claim_step();
-  const LoadedBatch* next_threaded();
+  const LoadedBatch* next_threaded(std::chrono::steady_clock::time_point called);
   const LoadedBatch* next_sync();
   const LoadedBatch* peek_threaded();
 };
@@ -212,6 +225,40 @@ bool Loader::Impl::keep_speculation(std::int64_t e, std::int64_t first_step) {
   return true;
 }
 
+// Called with m held, nothing to produce (the ring full, as a rule), paced_producer: how long
+// the producer sleeps after `idle` looks that found nothing to do. It comes back by itself
+// when the consumer, at its pace, should have taken the ring down to half its depth: between
+// 20 µs and 2 ms. While the consumer pauses (evaluation, a checkpoint, another loader's turn)
+// each look that finds nothing doubles the sleep, up to 100 ms; the consumer resuming finds
+// the ring full, and wakes the producer should it empty the ring first.
+std::chrono::microseconds Loader::Impl::idle_wait(int idle) const {
+  const auto half = static_cast<std::size_t>(opts.prefetch_depth / 2);
+  const double above = ready.size() > half ? static_cast<double>(ready.size() - half) : 1.0;
+  double s = pace_s > 0 ? std::clamp(pace_s * above, kIdleWaitMin, kIdleWaitMax) : kIdleWaitMax;
+  s = std::min(std::ldexp(s, std::min(idle, 16)), kIdleWaitLongest);
+  return std::chrono::microseconds(static_cast<std::int64_t>(s * 1e6));
+}
+
+// Called with m held, nothing to produce: computes the permutation of the epoch after the
+// consumer's, once, so that the epoch's first batches do not wait for it (a shuffled
+// 60000-row order took 0.7 ms on the 2-core VM, up to 3 ms with the first touch of its
+// memory: an epoch of 8192-row steps on a GPU is about 2 ms). Returns whether it did (and so
+// released m meanwhile).
+bool Loader::Impl::prepare_next_order(std::unique_lock<std::mutex>& lk, detail::Feeder& f) {
+  if (stop || error || epoch < 0 || ordered_epoch >= epoch + 1) return false;
+  const std::int64_t next = epoch + 1;
+  ordered_epoch = next;
+  lk.unlock();
+  try {
+    f.prepare_order(next);
+  } catch (...) {
+    // Only an allocation can fail here: the epoch's first fill() computes it again (and
+    // reports what fails then).
+  }
+  lk.lock();
+  return true;
+}
+
 void Loader::Impl::produce(detail::Feeder& f) {
   for (;;) {
     Buffer* buf = nullptr;
@@ -219,9 +266,15 @@ void Loader::Impl::produce(detail::Feeder& f) {
     std::int64_t e = 0, step = 0;
     {
       std::unique_lock<std::mutex> lk(m);
+      int idle = 0;  // looks that found nothing to do
       while (!stop && !has_work()) {
+        if (prepare_next_order(lk, f)) continue;  // it unlocked m: look again
         producer_idle = true;  // next() and start_epoch() wake it only when this is set
-        cv.wait(lk);
+        if (opts.paced_producer) {
+          cv.wait_for(lk, idle_wait(idle++));
+        } else {
+          cv.wait(lk);
+        }
       }
       producer_idle = false;
       if (stop) return;
@@ -373,7 +426,7 @@ Loader::Impl::Buffer* Loader::Impl::claim_step() {
   return buf;
 }
 
-const LoadedBatch* Loader::Impl::next_threaded() {
+const LoadedBatch* Loader::Impl::next_threaded(std::chrono::steady_clock::time_point called) {
   std::unique_lock<std::mutex> lk(m);
   if (held) {
     pool.push_back(held);
@@ -381,11 +434,22 @@ const LoadedBatch* Loader::Impl::next_threaded() {
   }
   if (error) std::rethrow_exception(error);
   // The freed buffer may be work for a sleeping producer. It is woken outside the lock (so it
-  // does not block on m at once), not at all while it works (it looks at the pool before it
-  // sleeps), and only once the ring is down to half its depth: then it refills several
-  // buffers per wake-up instead of one per step (a wake-up is a system call on this thread,
-  // the one that launches the device's next step). An empty ring always wakes it.
-  bool wake = producer_idle && ready.size() <= static_cast<std::size_t>(opts.prefetch_depth / 2);
+  // does not block on m at once) and not at all while it works (it looks at the pool before it
+  // sleeps). A wake-up is a system call on this thread, the one that launches the device's
+  // next step, so it is rationed: only once the ring is down to half its depth (then the
+  // producer refills several buffers per wake-up), and with paced_producer only when the ring
+  // is empty (the producer comes back by itself at this thread's pace, idle_wait()).
+  if (opts.paced_producer && last_next.time_since_epoch().count() != 0) {
+    // A pause (evaluation, a checkpoint, an epoch's end) counts as at most four steps, and
+    // nothing above idle_wait()'s paced maximum matters.
+    double dt = std::min(std::chrono::duration<double>(called - last_next).count(), kIdleWaitMax);
+    if (pace_s > 0) dt = std::min(dt, 4 * pace_s);
+    pace_s = pace_s > 0 ? pace_s + (dt - pace_s) / 4 : dt;
+  }
+  last_next = called;
+  const std::size_t low =
+      opts.paced_producer ? 0 : static_cast<std::size_t>(opts.prefetch_depth / 2);
+  bool wake = producer_idle && ready.size() <= low;
   if (wake) producer_idle = false;
   const auto unlock_and_wake = [&] {
     lk.unlock();
@@ -433,6 +497,12 @@ void LoaderTestAccess::hold_producer(Loader& l, bool hold) {
   s.cv.notify_all();
 }
 
+std::size_t LoaderTestAccess::ready_batches(Loader& l) {
+  Loader::Impl& s = *l.impl_;
+  std::lock_guard<std::mutex> lk(s.m);
+  return s.ready.size();
+}
+
 // The front of the ring when it is the step next() hands out next (for none, batches
 // speculated for epoch + 1 are alike: next() relabels them).
 const LoadedBatch* Loader::Impl::peek_threaded() {
@@ -466,7 +536,7 @@ const LoadedBatch* Loader::next() {
                                     "epoch first", s.opts.path));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const LoadedBatch* b = s.threaded ? s.next_threaded() : s.next_sync();
+  const LoadedBatch* b = s.threaded ? s.next_threaded(t0) : s.next_sync();
   s.wait_last = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.wait_total += s.wait_last;
   return b;

@@ -103,6 +103,12 @@ class Feeder {
   // thread may call it while fill() runs (on another buffer).
   void gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out);
 
+  // Computes the permutation of `epoch` ahead of its first batch (any thread, like gather();
+  // the streamed residency plans its epochs itself).
+  void prepare_order(std::int64_t epoch) {
+    if (residency_ != Residency::streamed) static_cast<void>(order(epoch));
+  }
+
   // Collective over comm (see Source).
   void close() { source_.close(); }
   void abandon() noexcept { source_.abandon(); }

@@ -64,11 +64,17 @@
 // thread that woke it, so the consumer is not descheduled inside next() while the producer
 // refills the slot next() just freed (with as many busy threads as cores that preemption cost
 // ~40 µs a step, 5-7% of the 2-rank Fashion-MNIST step: bench/RESULTS.md). It fills when a
-// core frees up or at a scheduler tick. next() wakes it only when it sleeps, outside the lock.
-// When the ring is empty and the samples are in memory (Residency partition/dataset), next()
-// gathers the batch itself (the producer skips that step) instead of waiting for the producer
-// to be scheduled; out of core it waits. Either way a batch is the same pure function of
-// (epoch, step), whichever thread gathered it.
+// core frees up or at a scheduler tick. next() wakes it only when it sleeps, outside the lock,
+// once the ring is down to half its depth. With paced_producer, next() wakes it only when the
+// ring is empty: an idle producer sleeps until the consumer, at its measured pace, should have
+// taken the ring down to half (longer while the consumer pauses), so the consumer's thread
+// makes no system call while batches are ready (a wake-up cost that thread 31 µs on a VM
+// whose other core idled: 14% of an 81 µs step; bench/RESULTS.md). Whenever it idles, the
+// producer also computes the next epoch's permutation ahead of that epoch. When the ring is
+// empty and the samples are in memory (Residency partition/dataset), next() gathers the batch
+// itself (the producer skips that step) instead of waiting for the producer to be scheduled;
+// out of core it waits. Either way a batch is the same pure function of (epoch, step),
+// whichever thread gathered it.
 //
 // Wait time: next() measures the time until its batch is ready (the whole read in the
 // synchronous mode, the gather when next() gathers it); wait_seconds() sums it.
@@ -132,6 +138,11 @@ struct LoaderOptions {
   // one thread copies them). The batches are the same bytes at any count. 0: the Trainer
   // decides (trainer.cpp, gather_threads); a Loader made directly copies on one thread.
   int gather_threads = 0;
+  // true: next() does not wake the idle producer while the ring holds a batch; the producer
+  // times its refills from the consumer's pace instead (see "Hand-off" above). For a consumer
+  // whose thread drives a device and whose node has cores to spare (the Trainer sets it for a
+  // device backend); with every core busy computing, false costs less.
+  bool paced_producer = false;
   // Node-local staging (stage.hpp): a directory on every node (node-local SSD, /dev/shm) into
   // which each node copies the rows its ranks read before the first step; batches are then read
   // from that copy. "" reads the source directly.
@@ -229,9 +240,10 @@ class Loader {
 
 // For tests only: holds the producer back (it finishes the batch in hand, then takes no new
 // one until released), so next() gathers in-memory batches itself. Out of core next() would
-// wait for the producer forever: release it first.
+// wait for the producer forever: release it first. ready_batches: the batches in the ring.
 struct LoaderTestAccess {
   static void hold_producer(Loader& l, bool hold);
+  static std::size_t ready_batches(Loader& l);
 };
 
 }  // namespace locus::train
