@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "data/loader_plan.hpp"
 #include "loader_test_util.hpp"
 #include "shared_tmpdir.hpp"
 
@@ -296,6 +297,25 @@ TEST_F(LoaderTest, PermutationsDependOnSeedAndEpochOnly) {
     std::vector<std::uint64_t> sorted = all0;
     std::sort(sorted.begin(), sorted.end());
     EXPECT_NE(all0, sorted) << "epoch 0 is not shuffled";
+  }
+}
+
+// The idle producer computes the next epoch's permutation in pieces (PermutationBuilder): the
+// same permutation as in one go, at any piece size, for sizes around the pieces' edges.
+TEST(LoaderPermutation, BuiltInPiecesEqualsBuiltAtOnce) {
+  for (const std::uint64_t n : std::initializer_list<std::uint64_t>{0, 1, 2, 53, 16385, 100000}) {
+    for (const std::uint64_t piece : std::initializer_list<std::uint64_t>{1, 7, 16384, n + 1}) {
+      if (n > 20000 && piece < 1000) continue;  // a few million calls: slow, nothing new
+      SCOPED_TRACE(testing::Message() << "n " << n << " piece " << piece);
+      const auto engine = train::detail::keyed_engine(5, n, train::detail::kGlobalDomain);
+      train::detail::PermutationBuilder b(n, engine);
+      std::uint64_t calls = 1;
+      while (!b.advance(piece)) ++calls;
+      // The identity (n) and the swaps (n - 1) in pieces of `piece`: no call wasted.
+      const std::uint64_t work = n + (n > 1 ? n - 1 : 0);
+      EXPECT_EQ(calls, std::max<std::uint64_t>(1, (work + piece - 1) / piece));
+      EXPECT_EQ(b.take(), train::detail::permutation(n, engine));
+    }
   }
 }
 

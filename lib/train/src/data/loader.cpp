@@ -92,6 +92,8 @@ void stop_wakeup_preemption() {
 // The paced producer's sleeps (idle_wait()), in seconds: paced, and after looks that found
 // nothing to do.
 constexpr double kIdleWaitMin = 20e-6, kIdleWaitMax = 2e-3, kIdleWaitLongest = 0.1;
+// Elements of a permutation the idle producer computes before it looks for work again.
+constexpr std::uint64_t kOrderPiece = 16384;
 
 }  // namespace
 
@@ -240,22 +242,24 @@ std::chrono::microseconds Loader::Impl::idle_wait(int idle) const {
 }
 
 // Called with m held, nothing to produce: computes the permutation of the epoch after the
-// consumer's, once, so that the epoch's first batches do not wait for it (a shuffled
-// 60000-row order took 0.7 ms on the 2-core VM, up to 3 ms with the first touch of its
-// memory: an epoch of 8192-row steps on a GPU is about 2 ms). Returns whether it did (and so
-// released m meanwhile).
+// consumer's, so that the epoch's first batches do not wait for it (a shuffled 60000-row order
+// took 0.7 ms on the 2-core VM, up to 3 ms with the first touch of its memory: an epoch of
+// 8192-row steps on a GPU is about 2 ms). In pieces of kOrderPiece elements (~0.2 ms), m
+// released meanwhile, so the producer looks for work between them. Returns whether it worked
+// on it (and so released m).
 bool Loader::Impl::prepare_next_order(std::unique_lock<std::mutex>& lk, detail::Feeder& f) {
   if (stop || error || epoch < 0 || ordered_epoch >= epoch + 1) return false;
   const std::int64_t next = epoch + 1;
-  ordered_epoch = next;
   lk.unlock();
+  bool done = true;
   try {
-    f.prepare_order(next);
+    done = f.prepare_order(next, kOrderPiece);
   } catch (...) {
     // Only an allocation can fail here: the epoch's first fill() computes it again (and
     // reports what fails then).
   }
   lk.lock();
+  if (done) ordered_epoch = std::max(ordered_epoch, next);
   return true;
 }
 

@@ -125,21 +125,47 @@ Feeder::Order Feeder::order(std::int64_t epoch) {
     }
   }
   // Computed outside the lock: the other thread may be gathering with the other slot.
+  PermutationBuilder b = order_builder(epoch);
+  b.advance(UINT64_MAX);
+  return keep_order(epoch, b.take());
+}
+
+PermutationBuilder Feeder::order_builder(std::int64_t epoch) const {
   const auto e = static_cast<std::uint64_t>(epoch);
   const h5::RowRange part = geo_.partition();
-  auto perm = std::make_shared<const std::vector<std::uint64_t>>(
-      opts_.shuffle == Shuffle::global
-          ? permutation(geo_.rows(), keyed_engine(opts_.seed, e, kGlobalDomain, geo_.rows()))
-          : permutation(part.count,
-                        keyed_engine(opts_.seed, e, kLocalDomain, part.begin, part.count)));
+  return opts_.shuffle == Shuffle::global
+             ? PermutationBuilder(geo_.rows(),
+                                  keyed_engine(opts_.seed, e, kGlobalDomain, geo_.rows()))
+             : PermutationBuilder(part.count, keyed_engine(opts_.seed, e, kLocalDomain,
+                                                           part.begin, part.count));
+}
+
+// Caches `perm` as the order of `epoch` (in the older slot), unless another thread was first.
+Feeder::Order Feeder::keep_order(std::int64_t epoch, std::vector<std::uint64_t> perm) {
+  auto made = std::make_shared<const std::vector<std::uint64_t>>(std::move(perm));
   std::lock_guard<std::mutex> lk(order_mutex_);
   for (int i = 0; i < 2; ++i) {
     if (order_epoch_[i] == epoch) return order_[i];  // the other thread was first
   }
   order_epoch_[order_next_] = epoch;
-  order_[order_next_] = perm;
+  order_[order_next_] = made;
   order_next_ ^= 1;
-  return perm;
+  return made;
+}
+
+bool Feeder::prepare_order(std::int64_t epoch, std::uint64_t budget) {
+  if (residency_ == Residency::streamed || opts_.shuffle == Shuffle::none) return true;
+  {
+    std::lock_guard<std::mutex> lk(order_mutex_);
+    for (int i = 0; i < 2; ++i) {
+      if (order_epoch_[i] == epoch) return true;
+    }
+  }
+  if (!pending_ || pending_->first != epoch) pending_.emplace(epoch, order_builder(epoch));
+  if (!pending_->second.advance(budget)) return false;
+  keep_order(epoch, pending_->second.take());
+  pending_.reset();
+  return true;
 }
 
 ResidentData Feeder::resident() const {

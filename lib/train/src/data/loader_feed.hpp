@@ -103,11 +103,11 @@ class Feeder {
   // thread may call it while fill() runs (on another buffer).
   void gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out);
 
-  // Computes the permutation of `epoch` ahead of its first batch (any thread, like gather();
-  // the streamed residency plans its epochs itself).
-  void prepare_order(std::int64_t epoch) {
-    if (residency_ != Residency::streamed) static_cast<void>(order(epoch));
-  }
+  // Computes the permutation of `epoch` ahead of its first batch, `budget` elements of work
+  // a call (PermutationBuilder); true once it is done (at once for the streamed residency,
+  // which plans its epochs itself, and for shuffle none). The producer thread only; gather()
+  // may run meanwhile.
+  bool prepare_order(std::int64_t epoch, std::uint64_t budget);
 
   // Collective over comm (see Source).
   void close() { source_.close(); }
@@ -121,6 +121,8 @@ class Feeder {
   // The permutation of `epoch` (global: of the dataset; local: of the partition; none: null),
   // computed once for both threads that gather.
   Order order(std::int64_t epoch);
+  PermutationBuilder order_builder(std::int64_t epoch) const;
+  Order keep_order(std::int64_t epoch, std::vector<std::uint64_t> perm);
   void shape(BatchBuffer& out, std::uint64_t n, bool features, bool resident_rows) const;
   void list_ids(const StepSlice& s, const std::vector<std::uint64_t>* perm,
                 BatchBuffer& out) const;
@@ -147,6 +149,8 @@ class Feeder {
   std::int64_t order_epoch_[2] = {-1, -1};
   Order order_[2];
   int order_next_ = 0;
+  // prepare_order()'s permutation in progress (the producer thread's), and its epoch.
+  std::optional<std::pair<std::int64_t, PermutationBuilder>> pending_;
 
   // Helpers for large in-memory batches (opts_.gather_threads - 1 of them), made on first use.
   std::optional<CopyPool> copy_pool_;

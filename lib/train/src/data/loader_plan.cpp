@@ -47,6 +47,25 @@ std::vector<std::uint64_t> permutation(std::uint64_t n, std::mt19937_64 g) {
   return v;
 }
 
+PermutationBuilder::PermutationBuilder(std::uint64_t n, std::mt19937_64 g)
+    : n_(n), g_(std::move(g)), i_(n) {
+  v_.reserve(n);  // untouched until advance() writes it
+}
+
+bool PermutationBuilder::advance(std::uint64_t budget) {
+  while (v_.size() < n_ && budget > 0) {
+    const std::uint64_t k = std::min(budget, n_ - v_.size());
+    for (std::uint64_t c = 0; c < k; ++c) v_.push_back(v_.size());
+    budget -= k;
+  }
+  // The same swaps, in the same order and from the same draws, as fisher_yates().
+  for (; i_ > 1 && budget > 0; --i_, --budget) {
+    const std::uint64_t j = uniform_below(g_, i_);
+    std::swap(v_[i_ - 1], v_[j]);
+  }
+  return v_.size() == n_ && i_ <= 1;
+}
+
 Geometry::Geometry(std::uint64_t rows, std::uint64_t global_batch, bool drop_last,
                    Shuffle shuffle, int rank, int ranks)
     : rows_(rows), batch_(global_batch),

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "locus/io/dataset.hpp"
@@ -26,6 +27,23 @@ void fisher_yates(std::span<std::uint64_t> v, std::mt19937_64& g);
 
 // The identity [0, n) shuffled by fisher_yates with the given engine.
 std::vector<std::uint64_t> permutation(std::uint64_t n, std::mt19937_64 g);
+
+// permutation(n, g) in pieces, so that a thread with other work (the loader's producer) never
+// spends long on it: advance(budget) does at most `budget` elements of work -- first writing
+// the identity (which also touches the memory), then Fisher-Yates' swaps -- and returns true
+// once the permutation is complete; take() then hands it over, equal to permutation(n, g).
+class PermutationBuilder {
+ public:
+  PermutationBuilder(std::uint64_t n, std::mt19937_64 g);
+  bool advance(std::uint64_t budget);
+  std::vector<std::uint64_t> take() { return std::move(v_); }
+
+ private:
+  std::uint64_t n_;
+  std::mt19937_64 g_;
+  std::vector<std::uint64_t> v_;  // the identity's first v_.size() elements, then shuffled
+  std::uint64_t i_;               // Fisher-Yates: the next swap is v[i_ - 1] with v[j < i_]
+};
 
 // Key domains, so the global, local and streamed permutations never share a stream.
 constexpr std::uint64_t kGlobalDomain = 0x6c6f637573676c62ull;  // "locusglb"
