@@ -245,8 +245,18 @@ void Feeder::gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out) {
   shape(out, s.count, features, true);
   list_ids(s, perm.get(), out);
   const std::uint64_t c = cols();
+  // The rows are random: the first KiB of the row kAhead places on is asked for ahead, so its
+  // memory latency overlaps this row's copy (the hardware prefetcher follows a row once it is
+  // being read). On the 2-core VM: 1.24-1.39x the copy rate of 784-float rows, 1.15x of 1024.
+  constexpr std::uint64_t kAhead = 4, kAheadBytes = 1024;
+  const std::uint64_t ahead_bytes = std::min<std::uint64_t>(c * sizeof(float), kAheadBytes);
   auto copy = [&](std::uint64_t begin, std::uint64_t end) {
     for (std::uint64_t i = begin; i < end; ++i) {
+      if (features && i + kAhead < end) {
+        const char* next =
+            reinterpret_cast<const char*>(mem_x_.data() + (out.ids[i + kAhead] - mem_first_) * c);
+        for (std::uint64_t b = 0; b < ahead_bytes; b += 64) __builtin_prefetch(next + b);
+      }
       const std::uint64_t row = out.ids[i] - mem_first_;
       out.rows[i] = static_cast<std::int64_t>(row);
       if (features) std::memcpy(out.x.data() + i * c, mem_x_.data() + row * c, c * sizeof(float));
