@@ -33,6 +33,7 @@ struct FileSpec {
   std::string features = "/features";
   std::string labels = "/labels";
   bool features_1d = false;
+  std::uint64_t chunk_rows = 8;
 };
 
 // Collective over comm: writes the file of `spec` (every rank its share of the rows).
@@ -43,7 +44,7 @@ inline void write_file(const mpi::Comm& comm, const std::string& path, const Fil
     const std::uint64_t cols = spec.features_1d ? 0 : spec.cols;
     h5::Dataset d = h5::Dataset::create(
         f, {.name = spec.features, .dtype = h5::Dtype::f32, .rows = spec.rows, .cols = cols,
-            .chunk_rows = 8});
+            .chunk_rows = spec.chunk_rows});
     const h5::RowRange r = h5::partition_rows(spec.rows, comm.rank(), comm.size());
     const std::uint64_t w = d.row_width();
     std::vector<float> x(r.count * w);
@@ -54,7 +55,7 @@ inline void write_file(const mpi::Comm& comm, const std::string& path, const Fil
   if (spec.label_rows) {
     h5::Dataset d = h5::Dataset::create(
         f, {.name = spec.labels, .dtype = h5::Dtype::i32, .rows = *spec.label_rows,
-            .chunk_rows = 8});
+            .chunk_rows = spec.chunk_rows});
     const h5::RowRange r = h5::partition_rows(*spec.label_rows, comm.rank(), comm.size());
     std::vector<std::int32_t> y(r.count);
     for (std::uint64_t i = 0; i < r.count; ++i) y[i] = label_at(r.begin + i);

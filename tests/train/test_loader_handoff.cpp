@@ -126,12 +126,11 @@ TEST_F(LoaderHandoffTest, ConsumerGatheredBatchesEqualTheProducers) {
   }
 }
 
-// paced_producer: next() does not wake the producer while the ring holds a batch, so the
-// producer must come back by itself (idle_wait(): 2 ms at most while the consumer keeps its
-// pace, then longer, up to 100 ms) and refill the ring; a producer that slept until woken
-// would leave it with one batch.
-// The batches, in every mode (out of core next() cannot gather them itself), are the
-// synchronous loader's.
+// paced_producer: next() does not wake the producer while the ring holds a batch (counted),
+// so the producer must come back by itself and refill the ring; a producer that slept until
+// woken would leave it with one batch. While the consumer pauses, the producer's sleeps double
+// (to 100 ms): a few dozen in 50 ms, not a spin. The batches, in every mode (out of core
+// next() cannot gather them itself), are the synchronous loader's.
 TEST_F(LoaderHandoffTest, PacedProducerRefillsTheRingUnwoken) {
   const auto wait_for_ring = [](Loader& l, std::size_t n) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
@@ -154,20 +153,72 @@ TEST_F(LoaderHandoffTest, PacedProducerRefillsTheRingUnwoken) {
     for (std::int64_t epoch : {0, 1}) {
       paced.start_epoch(epoch);
       sync.start_epoch(epoch);
-      std::int64_t step = 0;
-      while (const LoadedBatch* a = paced.next()) {
-        const LoadedBatch* b = sync.next();
-        ASSERT_NE(b, nullptr);
-        expect_same_batch(*a, *b);
-        // Every third step, a pause: the ring (3 batches left after this next()) must be
-        // filled again without another next() (the rest of the epoch allowing).
-        if (++step % 3 == 0 && step + 4 <= paced.steps_per_epoch()) {
+      const std::int64_t woken = LoaderTestAccess::consumer_wakeups(paced);
+      for (std::int64_t step = 0; step < paced.steps_per_epoch(); ++step) {
+        // Bursts of 3 next() calls, each from a full ring (the producer goes on into the next
+        // epoch, so 4 batches are always there to make): it must be refilled without a
+        // next(), and the bursts take it down to 1, never empty, so next() never wakes the
+        // producer. Woken at half the ring's depth, as without paced_producer, it would be
+        // at every burst's third call.
+        if (step % 3 == 0) {
           ASSERT_TRUE(wait_for_ring(paced, 4)) << "epoch " << epoch << " step " << step << ": "
                                                << LoaderTestAccess::ready_batches(paced)
                                                << " batches in the ring after 3 s";
         }
+        const LoadedBatch* a = paced.next();
+        const LoadedBatch* b = sync.next();
+        ASSERT_NE(a, nullptr);
+        ASSERT_NE(b, nullptr);
+        expect_same_batch(*a, *b);
       }
+      EXPECT_EQ(paced.next(), nullptr);
       EXPECT_EQ(sync.next(), nullptr);
+      EXPECT_EQ(LoaderTestAccess::consumer_wakeups(paced), woken) << "epoch " << epoch;
+    }
+    // A pause with the ring full: 20 us, 40 us, ... 100 ms sleeps; 50 ms hold about a dozen.
+    ASSERT_TRUE(wait_for_ring(paced, 4));
+    const std::int64_t before = LoaderTestAccess::paced_sleeps(paced);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_LE(LoaderTestAccess::paced_sleeps(paced) - before, 40);
+  }
+}
+
+// More rows than the idle producer's piece of a permutation (16384 elements of work): the next
+// epoch's order is prepared over several looks, across epochs read whole, abandoned, skipped
+// and gone back to; the batches are the synchronous loader's.
+TEST_F(LoaderHandoffTest, PermutationsPreparedInPiecesGiveTheSameBatches) {
+  constexpr std::uint64_t rows = 40000;
+  test::write_file(world_, dir_.file("long.h5"),
+                   {.rows = rows, .cols = 2, .committed = rows, .label_rows = rows,
+                    .chunk_rows = 4096});
+  // In memory (per-batch reads prepare the same way, through the same order(), but reading
+  // 4000 random rows a batch from the file takes seconds).
+  for (const Mode& m : {Mode{Shuffle::global, kLarge}, Mode{Shuffle::local, kLarge}}) {
+    SCOPED_TRACE(testing::Message() << train::to_string(m.shuffle) << " budget " << m.budget);
+    for (const bool paced : {false, true}) {
+      LoaderOptions o = opts(m.shuffle, 4000, m.budget);  // 10 steps
+      o.path = dir_.file("long.h5");
+      o.prefetch_depth = 2;
+      o.paced_producer = paced;
+      Loader ahead(world_, o);
+      o.background = false;
+      Loader sync(world_, o);
+      ASSERT_EQ(ahead.steps_per_epoch(), 10);
+      // (epoch, batches read)
+      const std::int64_t plan[][2] = {{0, 10}, {1, 4}, {2, 10}, {4, 10}, {1, 10}, {2, 3}};
+      for (const auto& [epoch, batches] : plan) {
+        ahead.start_epoch(epoch);
+        sync.start_epoch(epoch);
+        for (std::int64_t k = 0; k < batches; ++k) {
+          // Room for the idle producer to work on the next order between batches.
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          const LoadedBatch* a = ahead.next();
+          const LoadedBatch* b = sync.next();
+          ASSERT_NE(a, nullptr);
+          ASSERT_NE(b, nullptr);
+          expect_same_batch(*a, *b);
+        }
+      }
     }
   }
 }

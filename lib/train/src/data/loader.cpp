@@ -134,6 +134,9 @@ struct Loader::Impl {
   double pace_s = 0;
   std::chrono::steady_clock::time_point last_next{};
   std::int64_t ordered_epoch = -1;  // the last epoch whose order the idle producer prepared
+  // For tests (LoaderTestAccess): next()'s wake-ups of the producer, the producer's timed
+  // sleeps (paced_producer).
+  std::int64_t consumer_wakeups = 0, paced_sleeps = 0;
   bool held_back = false;      // LoaderTestAccess::hold_producer
   std::exception_ptr error;  // from opening (init) or from a read
   std::int64_t epoch = -1;         // the epoch next() serves (-1 before start_epoch)
@@ -237,7 +240,7 @@ std::chrono::microseconds Loader::Impl::idle_wait(int idle) const {
   const auto half = static_cast<std::size_t>(opts.prefetch_depth / 2);
   const double above = ready.size() > half ? static_cast<double>(ready.size() - half) : 1.0;
   double s = pace_s > 0 ? std::clamp(pace_s * above, kIdleWaitMin, kIdleWaitMax) : kIdleWaitMax;
-  s = std::min(std::ldexp(s, std::min(idle, 16)), kIdleWaitLongest);
+  s = std::min(std::ldexp(s, idle), kIdleWaitLongest);
   return std::chrono::microseconds(static_cast<std::int64_t>(s * 1e6));
 }
 
@@ -248,7 +251,7 @@ std::chrono::microseconds Loader::Impl::idle_wait(int idle) const {
 // released meanwhile, so the producer looks for work between them. Returns whether it worked
 // on it (and so released m).
 bool Loader::Impl::prepare_next_order(std::unique_lock<std::mutex>& lk, detail::Feeder& f) {
-  if (stop || error || epoch < 0 || ordered_epoch >= epoch + 1) return false;
+  if (stop || error || epoch < 0 || ordered_epoch == epoch + 1) return false;
   const std::int64_t next = epoch + 1;
   lk.unlock();
   bool done = true;
@@ -259,7 +262,7 @@ bool Loader::Impl::prepare_next_order(std::unique_lock<std::mutex>& lk, detail::
     // reports what fails then).
   }
   lk.lock();
-  if (done) ordered_epoch = std::max(ordered_epoch, next);
+  if (done) ordered_epoch = next;  // if the consumer moved meanwhile, the next look redoes it
   return true;
 }
 
@@ -275,7 +278,9 @@ void Loader::Impl::produce(detail::Feeder& f) {
         if (prepare_next_order(lk, f)) continue;  // it unlocked m: look again
         producer_idle = true;  // next() and start_epoch() wake it only when this is set
         if (opts.paced_producer) {
-          cv.wait_for(lk, idle_wait(idle++));
+          ++paced_sleeps;
+          cv.wait_for(lk, idle_wait(idle));
+          idle = std::min(idle + 1, 16);
         } else {
           cv.wait(lk);
         }
@@ -456,6 +461,7 @@ const LoadedBatch* Loader::Impl::next_threaded(std::chrono::steady_clock::time_p
   bool wake = producer_idle && ready.size() <= low;
   if (wake) producer_idle = false;
   const auto unlock_and_wake = [&] {
+    if (wake) ++consumer_wakeups;
     lk.unlock();
     if (wake) cv.notify_all();
     wake = false;
@@ -482,6 +488,12 @@ const LoadedBatch* Loader::Impl::next_threaded(std::chrono::steady_clock::time_p
   }
   held = ready.front();
   ready.pop_front();
+  if (opts.paced_producer && ready.empty() && producer_idle) {
+    // This took the last batch while the producer sleeps (late, or on a long sleep after a
+    // pause): wake it now, not at the next call, which would find nothing.
+    wake = true;
+    producer_idle = false;
+  }
   if (opts.shuffle == Shuffle::none) held->batch.epoch = epoch;  // speculated as epoch + 1
   LOCUS_ASSERT(held->batch.step == consume_step && held->batch.epoch == epoch,
                fmt::format("loader produced epoch {} step {}, expected epoch {} step {}",
@@ -505,6 +517,18 @@ std::size_t LoaderTestAccess::ready_batches(Loader& l) {
   Loader::Impl& s = *l.impl_;
   std::lock_guard<std::mutex> lk(s.m);
   return s.ready.size();
+}
+
+std::int64_t LoaderTestAccess::consumer_wakeups(Loader& l) {
+  Loader::Impl& s = *l.impl_;
+  std::lock_guard<std::mutex> lk(s.m);
+  return s.consumer_wakeups;
+}
+
+std::int64_t LoaderTestAccess::paced_sleeps(Loader& l) {
+  Loader::Impl& s = *l.impl_;
+  std::lock_guard<std::mutex> lk(s.m);
+  return s.paced_sleeps;
 }
 
 // The front of the ring when it is the step next() hands out next (for none, batches

@@ -155,16 +155,21 @@ Feeder::Order Feeder::keep_order(std::int64_t epoch, std::vector<std::uint64_t> 
 
 bool Feeder::prepare_order(std::int64_t epoch, std::uint64_t budget) {
   if (residency_ == Residency::streamed || opts_.shuffle == Shuffle::none) return true;
+  bool cached = false;
   {
     std::lock_guard<std::mutex> lk(order_mutex_);
-    for (int i = 0; i < 2; ++i) {
-      if (order_epoch_[i] == epoch) return true;
-    }
+    for (int i = 0; i < 2; ++i) cached = cached || order_epoch_[i] == epoch;
+  }
+  if (cached) {
+    // Another thread's order() came first: drop a half-built copy (n words) now.
+    pending_.reset();
+    return true;
   }
   if (!pending_ || pending_->first != epoch) pending_.emplace(epoch, order_builder(epoch));
   if (!pending_->second.advance(budget)) return false;
-  keep_order(epoch, pending_->second.take());
-  pending_.reset();
+  std::vector<std::uint64_t> perm = pending_->second.take();
+  pending_.reset();  // before keep_order() allocates: a builder once taken is never reused
+  keep_order(epoch, std::move(perm));
   return true;
 }
 

@@ -240,10 +240,14 @@ class Loader {
 
 // For tests only: holds the producer back (it finishes the batch in hand, then takes no new
 // one until released), so next() gathers in-memory batches itself. Out of core next() would
-// wait for the producer forever: release it first. ready_batches: the batches in the ring.
+// wait for the producer forever: release it first. ready_batches: the batches in the ring;
+// consumer_wakeups: how often next() has woken the producer; paced_sleeps: how many timed
+// sleeps the paced producer has begun.
 struct LoaderTestAccess {
   static void hold_producer(Loader& l, bool hold);
   static std::size_t ready_batches(Loader& l);
+  static std::int64_t consumer_wakeups(Loader& l);
+  static std::int64_t paced_sleeps(Loader& l);
 };
 
 }  // namespace locus::train
