@@ -185,38 +185,44 @@ TEST_F(LoaderHandoffTest, PacedProducerRefillsTheRingUnwoken) {
 
 // More rows than the idle producer's piece of a permutation (16384 elements of work): the next
 // epoch's order is prepared over several looks, across epochs read whole, abandoned, skipped
-// and gone back to; the batches are the synchronous loader's.
+// and gone back to; with 40000 rows and 2 ms steps the producer finishes it ahead, with
+// 200000 rows and 0.2 ms steps the epoch's first batch comes before it has, and the producer's
+// fill() completes the permutation in progress. The batches are the synchronous loader's.
 TEST_F(LoaderHandoffTest, PermutationsPreparedInPiecesGiveTheSameBatches) {
-  constexpr std::uint64_t rows = 40000;
-  test::write_file(world_, dir_.file("long.h5"),
-                   {.rows = rows, .cols = 2, .committed = rows, .label_rows = rows,
-                    .chunk_rows = 4096});
-  // In memory (per-batch reads prepare the same way, through the same order(), but reading
-  // 4000 random rows a batch from the file takes seconds).
-  for (const Mode& m : {Mode{Shuffle::global, kLarge}, Mode{Shuffle::local, kLarge}}) {
-    SCOPED_TRACE(testing::Message() << train::to_string(m.shuffle) << " budget " << m.budget);
-    for (const bool paced : {false, true}) {
-      LoaderOptions o = opts(m.shuffle, 4000, m.budget);  // 10 steps
-      o.path = dir_.file("long.h5");
-      o.prefetch_depth = 2;
-      o.paced_producer = paced;
-      Loader ahead(world_, o);
-      o.background = false;
-      Loader sync(world_, o);
-      ASSERT_EQ(ahead.steps_per_epoch(), 10);
-      // (epoch, batches read)
-      const std::int64_t plan[][2] = {{0, 10}, {1, 4}, {2, 10}, {4, 10}, {1, 10}, {2, 3}};
-      for (const auto& [epoch, batches] : plan) {
-        ahead.start_epoch(epoch);
-        sync.start_epoch(epoch);
-        for (std::int64_t k = 0; k < batches; ++k) {
-          // Room for the idle producer to work on the next order between batches.
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          const LoadedBatch* a = ahead.next();
-          const LoadedBatch* b = sync.next();
-          ASSERT_NE(a, nullptr);
-          ASSERT_NE(b, nullptr);
-          expect_same_batch(*a, *b);
+  for (const auto& [rows, step_us] : {std::pair<std::uint64_t, int>{40000, 2000}, {200000, 200}}) {
+    const std::string file = dir_.file("long" + std::to_string(rows) + ".h5");
+    test::write_file(world_, file,
+                     {.rows = rows, .cols = 2, .committed = static_cast<std::int64_t>(rows),
+                      .label_rows = rows, .chunk_rows = 4096});
+    // In memory (per-batch reads prepare the same way, through the same order(), but reading
+    // thousands of random rows a batch from the file takes seconds).
+    for (const Mode& m : {Mode{Shuffle::global, kLarge}, Mode{Shuffle::local, kLarge}}) {
+      for (const bool paced : {false, true}) {
+        SCOPED_TRACE(testing::Message() << rows << " rows, " << train::to_string(m.shuffle)
+                                        << ", paced " << paced);
+        LoaderOptions o = opts(m.shuffle, static_cast<std::int64_t>(rows / 10), m.budget);
+        o.path = file;
+        o.memory_budget = std::uint64_t{64} << 20;
+        o.prefetch_depth = 2;
+        o.paced_producer = paced;
+        Loader ahead(world_, o);
+        o.background = false;
+        Loader sync(world_, o);
+        ASSERT_EQ(ahead.steps_per_epoch(), 10);
+        // (epoch, batches read)
+        const std::int64_t plan[][2] = {{0, 10}, {1, 4}, {2, 10}, {4, 10}, {1, 10}, {2, 3}};
+        for (const auto& [epoch, batches] : plan) {
+          ahead.start_epoch(epoch);
+          sync.start_epoch(epoch);
+          for (std::int64_t k = 0; k < batches; ++k) {
+            // Room for the idle producer to work on the next order between batches.
+            std::this_thread::sleep_for(std::chrono::microseconds(step_us));
+            const LoadedBatch* a = ahead.next();
+            const LoadedBatch* b = sync.next();
+            ASSERT_NE(a, nullptr);
+            ASSERT_NE(b, nullptr);
+            expect_same_batch(*a, *b);
+          }
         }
       }
     }

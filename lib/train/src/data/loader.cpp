@@ -134,6 +134,7 @@ struct Loader::Impl {
   double pace_s = 0;
   std::chrono::steady_clock::time_point last_next{};
   std::int64_t ordered_epoch = -1;  // the last epoch whose order the idle producer prepared
+  bool producer_backing_off = false;  // its sleep is one of the doubling ones (idle_wait())
   // For tests (LoaderTestAccess): next()'s wake-ups of the producer, the producer's timed
   // sleeps (paced_producer).
   std::int64_t consumer_wakeups = 0, paced_sleeps = 0;
@@ -279,7 +280,9 @@ void Loader::Impl::produce(detail::Feeder& f) {
         producer_idle = true;  // next() and start_epoch() wake it only when this is set
         if (opts.paced_producer) {
           ++paced_sleeps;
+          producer_backing_off = idle > 0;
           cv.wait_for(lk, idle_wait(idle));
+          producer_backing_off = false;
           idle = std::min(idle + 1, 16);
         } else {
           cv.wait(lk);
@@ -424,11 +427,14 @@ void Loader::start_epoch(std::int64_t epoch, std::int64_t first_step) {
 
 // Called with m held, the ring empty: takes the next step away from the producer when it
 // has not started it and the samples are in memory, so next() gathers it instead of waiting
-// for the producer to be scheduled (the producer goes on with the step after).
+// for the producer to be scheduled (the producer goes on with the step after). Not when the
+// epoch's permutation is still to be computed: the producer has most of it done (its pieces,
+// prepare_next_order()), and waiting for the rest costs less than computing it all here.
 Loader::Impl::Buffer* Loader::Impl::claim_step() {
   if (!in_memory || pool.empty() || produce_epoch != epoch || produce_step != consume_step) {
     return nullptr;
   }
+  if (!held_back && !feeder->has_order(epoch)) return nullptr;
   Buffer* buf = pool.front();
   pool.pop_front();
   ++produce_step;
@@ -476,7 +482,7 @@ const LoadedBatch* Loader::Impl::next_threaded(std::chrono::steady_clock::time_p
       held = buf;
       ++consumer_batches;
       unlock_and_wake();
-      feeder->gather(epoch, step, *buf);  // memory only: nothing to fail but an allocation
+      feeder->gather(epoch, step, *buf, false);  // memory only: nothing to fail but an allocation
       return &buf->batch;
     }
     if (wake) {  // before sleeping: the producer may have to fill this very batch
@@ -488,9 +494,10 @@ const LoadedBatch* Loader::Impl::next_threaded(std::chrono::steady_clock::time_p
   }
   held = ready.front();
   ready.pop_front();
-  if (opts.paced_producer && ready.empty() && producer_idle) {
-    // This took the last batch while the producer sleeps (late, or on a long sleep after a
-    // pause): wake it now, not at the next call, which would find nothing.
+  if (opts.paced_producer && ready.empty() && producer_idle && producer_backing_off) {
+    // This took the last batch while the producer is on a long sleep (the consumer paused):
+    // wake it now, not at the next call, which would find nothing. (A producer on its paced
+    // sleep is about to come back by itself.)
     wake = true;
     producer_idle = false;
   }

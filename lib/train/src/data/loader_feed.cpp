@@ -116,7 +116,7 @@ void Feeder::load() {
   }
 }
 
-Feeder::Order Feeder::order(std::int64_t epoch) {
+Feeder::Order Feeder::order(std::int64_t epoch, bool producer) {
   if (opts_.shuffle == Shuffle::none) return nullptr;
   {
     std::lock_guard<std::mutex> lk(order_mutex_);
@@ -125,9 +125,21 @@ Feeder::Order Feeder::order(std::int64_t epoch) {
     }
   }
   // Computed outside the lock: the other thread may be gathering with the other slot.
+  if (producer && pending_ && pending_->first == epoch) {
+    pending_->second.advance(UINT64_MAX);
+    std::vector<std::uint64_t> perm = pending_->second.take();
+    pending_.reset();
+    return keep_order(epoch, std::move(perm));
+  }
   PermutationBuilder b = order_builder(epoch);
   b.advance(UINT64_MAX);
   return keep_order(epoch, b.take());
+}
+
+bool Feeder::has_order(std::int64_t epoch) {
+  if (opts_.shuffle == Shuffle::none) return true;
+  std::lock_guard<std::mutex> lk(order_mutex_);
+  return order_epoch_[0] == epoch || order_epoch_[1] == epoch;
 }
 
 PermutationBuilder Feeder::order_builder(std::int64_t epoch) const {
@@ -235,17 +247,17 @@ void Feeder::fill(std::int64_t epoch, std::int64_t step, BatchBuffer& out) {
     }
     streamer_->fill(s.first, s.count, out);
   } else {
-    const Order perm = order(epoch);
+    const Order perm = order(epoch, true);
     list_ids(s, perm.get(), out);
     read_scattered(out);
   }
   finish(epoch, step, s, out);
 }
 
-void Feeder::gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out) {
+void Feeder::gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out, bool producer) {
   LOCUS_ASSERT(in_memory(), "Feeder::gather() out of core");
   const StepSlice s = geo_.slice(static_cast<std::uint64_t>(step));
-  const Order perm = order(epoch);
+  const Order perm = order(epoch, producer);
   const bool features = opts_.gather_features;
   shape(out, s.count, features, true);
   list_ids(s, perm.get(), out);

@@ -100,8 +100,11 @@ class Feeder {
   // This rank's rows of (epoch, step); no other rank takes part. One thread at a time.
   void fill(std::int64_t epoch, std::int64_t step, BatchBuffer& out);
   // fill() for the in-memory residencies: touches no HDF5 and no state of fill(), so another
-  // thread may call it while fill() runs (on another buffer).
-  void gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out);
+  // thread may call it while fill() runs (on another buffer): on that thread, `producer`
+  // false.
+  void gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out, bool producer = true);
+  // Whether the permutation of `epoch` is at hand (computed, or none needed). Any thread.
+  bool has_order(std::int64_t epoch);
 
   // Computes the permutation of `epoch` ahead of its first batch, `budget` elements of work
   // a call (PermutationBuilder); true once it is done (at once for the streamed residency,
@@ -119,8 +122,9 @@ class Feeder {
   void check_gather_features() const;
   void load();
   // The permutation of `epoch` (global: of the dataset; local: of the partition; none: null),
-  // computed once for both threads that gather.
-  Order order(std::int64_t epoch);
+  // computed once for both threads that gather. `producer`: called on the thread of fill()
+  // and prepare_order(), which finishes prepare_order()'s piece in progress if it is this one.
+  Order order(std::int64_t epoch, bool producer);
   PermutationBuilder order_builder(std::int64_t epoch) const;
   Order keep_order(std::int64_t epoch, std::vector<std::uint64_t> perm);
   void shape(BatchBuffer& out, std::uint64_t n, bool features, bool resident_rows) const;
