@@ -247,7 +247,7 @@ std::chrono::microseconds Loader::Impl::idle_wait(int idle) const {
 
 // Called with m held, nothing to produce: computes the permutation of the epoch after the
 // consumer's, so that the epoch's first batches do not wait for it (a shuffled 60000-row order
-// took 0.7 ms on the 2-core VM, up to 3 ms with the first touch of its memory: an epoch of
+// took about 0.7 ms on the 2-core VM, up to 3 ms with the first touch of its memory: an epoch of
 // 8192-row steps on a GPU is about 2 ms). In pieces of kOrderPiece elements (~0.2 ms), m
 // released meanwhile, so the producer looks for work between them. Returns whether it worked
 // on it (and so released m).

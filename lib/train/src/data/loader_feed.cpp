@@ -125,13 +125,9 @@ Feeder::Order Feeder::order(std::int64_t epoch, bool producer) {
     }
   }
   // Computed outside the lock: the other thread may be gathering with the other slot.
-  if (producer && pending_ && pending_->first == epoch) {
-    pending_->second.advance(UINT64_MAX);
-    std::vector<std::uint64_t> perm = pending_->second.take();
-    pending_.reset();
-    return keep_order(epoch, std::move(perm));
-  }
-  PermutationBuilder b = order_builder(epoch);
+  const bool resume = producer && pending_ && pending_->first == epoch;
+  PermutationBuilder b = resume ? std::move(pending_->second) : order_builder(epoch);
+  if (resume) pending_.reset();
   b.advance(UINT64_MAX);
   return keep_order(epoch, b.take());
 }
@@ -166,14 +162,9 @@ Feeder::Order Feeder::keep_order(std::int64_t epoch, std::vector<std::uint64_t> 
 }
 
 bool Feeder::prepare_order(std::int64_t epoch, std::uint64_t budget) {
-  if (residency_ == Residency::streamed || opts_.shuffle == Shuffle::none) return true;
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lk(order_mutex_);
-    for (int i = 0; i < 2; ++i) cached = cached || order_epoch_[i] == epoch;
-  }
-  if (cached) {
-    // Another thread's order() came first: drop a half-built copy (n words) now.
+  if (residency_ == Residency::streamed) return true;
+  if (has_order(epoch)) {
+    // None needed, or an order() came first: drop a half-built copy (n words) now.
     pending_.reset();
     return true;
   }
@@ -264,7 +255,7 @@ void Feeder::gather(std::int64_t epoch, std::int64_t step, BatchBuffer& out, boo
   const std::uint64_t c = cols();
   // The rows are random: the first KiB of the row kAhead places on is asked for ahead, so its
   // memory latency overlaps this row's copy (the hardware prefetcher follows a row once it is
-  // being read). On the 2-core VM: 1.24-1.39x the copy rate of 784-float rows, 1.15x of 1024.
+  // being read). On the 2-core VM: 1.3-1.5x the gather rate (bench/RESULTS.md).
   constexpr std::uint64_t kAhead = 4, kAheadBytes = 1024;
   const std::uint64_t ahead_bytes = std::min<std::uint64_t>(c * sizeof(float), kAheadBytes);
   auto copy = [&](std::uint64_t begin, std::uint64_t end) {
