@@ -47,6 +47,10 @@ class NcclLink final : public StageLink {
   NcclLink(const mpi::Comm& comm, std::span<const int> tags, const LinkOptions& options)
       : rank_(comm.rank()), size_(comm.size()) {
     LOCUS_ASSERT(!tags.empty(), "an NCCL stage link needs at least one tag");
+    // The channels' streams one right after the other, before any communicator (whose setup
+    // creates streams of NCCL's own): the driver hands new streams its hardware queues in
+    // turn (8 by default, CUDA_DEVICE_MAX_CONNECTIONS), so streams made in a row never share
+    // one and the channels' transfers cannot queue behind each other (top of this file).
     for (const int tag : tags) {
       LOCUS_ASSERT(std::ranges::none_of(channels_, [&](const auto& c) { return c->tag == tag; }),
                    fmt::format("the NCCL link's tags repeat {}", tag));
@@ -54,9 +58,11 @@ class NcclLink final : public StageLink {
       c->tag = tag;
       LOCUS_NCCL_CUDA(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
       LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&c->idle, cudaEventDisableTiming));
+      channels_.push_back(std::move(c));
+    }
+    for (auto& c : channels_) {
       c->nccl = std::make_unique<NcclComm>(comm, "pipeline",
                                            NcclTimeout{options.timeout_s, options.timeout_key});
-      channels_.push_back(std::move(c));
     }
     LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&settled_, cudaEventDisableTiming));
@@ -89,8 +95,8 @@ class NcclLink final : public StageLink {
     s.receive_pending = false;
     if (buf.size > 0) {
       after(buf, c);
-      c.nccl->issued(ncclSend(buf.data, buf.size, ncclFloat32, peer, c.nccl->get(), c.stream),
-                     "ncclSend");
+      issue(c, ncclSend(buf.data, buf.size, ncclFloat32, peer, c.nccl->get(), c.stream),
+            "ncclSend");
     }
     LOCUS_NCCL_CUDA(cudaEventRecord(s.done, c.stream));
     r.staging = i;
@@ -114,9 +120,8 @@ class NcclLink final : public StageLink {
       Channel& c = channel_of(s.tag);
       if (s.buf.size > 0) {
         after(s.buf, c);
-        c.nccl->issued(
-            ncclRecv(s.buf.data, s.buf.size, ncclFloat32, s.peer, c.nccl->get(), c.stream),
-            "ncclRecv");
+        issue(c, ncclRecv(s.buf.data, s.buf.size, ncclFloat32, s.peer, c.nccl->get(), c.stream),
+              "ncclRecv");
       }
       LOCUS_NCCL_CUDA(cudaEventRecord(s.done, c.stream));
       s.receive_pending = false;
@@ -182,6 +187,17 @@ class NcclLink final : public StageLink {
                              "receive from rank {}",
                              rank_, size_, peer));
     return channel_of(tag);
+  }
+
+  // A transfer just enqueued on channel c (NcclComm::issued); when it fails, every channel is
+  // aborted before the error goes on, as in await_all.
+  void issue(Channel& c, ncclResult_t rc, const char* call) {
+    try {
+      c.nccl->issued(rc, call);
+    } catch (...) {
+      for (auto& other : channels_) other->nccl->close(false);
+      throw;
+    }
   }
 
   // Polls until done(), failing on any channel's NCCL error; after the timeout (counted by the

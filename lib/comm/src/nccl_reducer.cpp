@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <exception>
 #include <optional>
 #include <vector>
 
@@ -45,20 +46,27 @@ class NcclReducer final : public GradientReducer {
         size_(grads.size),
         producer_(static_cast<cudaStream_t>(grads.stream)),
         options_(options) {
-    LOCUS_NCCL_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
-    LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&settled_, cudaEventDisableTiming));
-    for (auto& e : done_) LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    build_buckets();
-    pin_deterministic_algorithm();
-    nccl_.emplace(comm_, "data-parallel",
-                  NcclTimeout{options_.timeout_s, "train.reducer_timeout_s"});
+    try {
+      LOCUS_NCCL_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
+      LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&settled_, cudaEventDisableTiming));
+      for (auto& e : done_) LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      build_buckets();
+      pin_deterministic_algorithm();
+      nccl_.emplace(comm_, "data-parallel",
+                    NcclTimeout{options_.timeout_s, "train.reducer_timeout_s"});
+    } catch (...) {
+      release();  // no destructor runs for a constructor that throws
+      throw;
+    }
   }
 
   ~NcclReducer() override {
-    // Never throws: on a broken or stuck communicator abort it instead of finalizing.
+    // Never throws: on a broken or stuck communicator abort it instead of finalizing, and
+    // while unwinding (a peer's error, a timeout) at once: the peers may be gone, and a wait
+    // here would hold the job's exit for the whole timeout.
     if (nccl_) {
-      bool healthy = nccl_->get() != nullptr;
+      bool healthy = std::uncaught_exceptions() == 0 && nccl_->get() != nullptr;
       if (healthy) {
         try {
           nccl_->await("the last gradient all-reduce",
@@ -69,15 +77,7 @@ class NcclReducer final : public GradientReducer {
       }
       nccl_->close(healthy);
     }
-    if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
-    if (produced_ != nullptr) cudaEventDestroy(produced_);
-    if (settled_ != nullptr) cudaEventDestroy(settled_);
-    for (auto e : done_) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
+    release();
   }
 
   // Launches every bucket now wholly inside [offset, N), after the work the producer's stream
@@ -144,6 +144,22 @@ class NcclReducer final : public GradientReducer {
   }
 
  private:
+  // The stream and events (the communicator is closed first). Never throws.
+  void release() noexcept {
+    if (stream_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+      stream_ = nullptr;
+    }
+    if (produced_ != nullptr) cudaEventDestroy(produced_);
+    if (settled_ != nullptr) cudaEventDestroy(settled_);
+    for (auto& e : done_) {
+      if (e != nullptr) cudaEventDestroy(e);
+      e = nullptr;
+    }
+    produced_ = settled_ = nullptr;
+  }
+
   struct Bucket {
     std::size_t offset = 0, count = 0;
   };

@@ -31,6 +31,14 @@ using test::no_device;
 constexpr int kUp = 1, kDown = 2;
 constexpr int kTags[] = {kUp, kDown};
 
+// A link that gives up on a stuck transfer after 30 s with an NcclError naming it, well within
+// the GPU run's limit for this test (bench/gpu/run_gpu.sh: 90 s), which would end it silently.
+LinkOptions quick() {
+  LinkOptions o;
+  o.timeout_s = 30;
+  return o;
+}
+
 // The k-th message's length: 0, small, odd and one over NCCL's own buffering (1 Mi floats).
 std::size_t length(int k) {
   constexpr std::size_t lengths[] = {7, 0, (std::size_t{1} << 20) + 1, 333, 4096};
@@ -92,7 +100,7 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
   if (!why.empty()) {
     // The ranks share a device: every rank refuses alike, naming why.
     try {
-      make_nccl_link(world, kTags, LinkOptions{});
+      make_nccl_link(world, kTags, quick());
       ADD_FAILURE() << "NCCL accepted ranks that " << why;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("train.stage_link = nccl cannot be used: " + why),
@@ -102,7 +110,7 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
     if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
     GTEST_SKIP() << "NCCL refused, as it must: " << why;
   }
-  const auto link = make_nccl_link(world, kTags, LinkOptions{});
+  const auto link = make_nccl_link(world, kTags, quick());
   EXPECT_EQ(link->name(), "nccl");
   const bool first = r == 0, last = r == n - 1;
   // Per message: what came in from below / above and what goes on (device), and what the ends
@@ -208,7 +216,7 @@ TEST_F(NcclLink, RefusesSettingsThatSerializeItsChannels) {
         {
           if (mine) setenv(key, value, 1);
           try {
-            make_nccl_link(world, kTags, LinkOptions{});
+            make_nccl_link(world, kTags, quick());
           } catch (...) {
             if (mine) unsetenv(key);
             throw;
@@ -225,7 +233,7 @@ TEST_F(NcclLink, RefusesHostBuffersUnknownTagsAndItself) {
     if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
     GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
   }
-  const auto link = make_nccl_link(world, kTags, LinkOptions{});
+  const auto link = make_nccl_link(world, kTags, quick());
   const int other = (world.rank() + 1) % world.size();
   DeviceBuffer d(4);
   float host = 0;

@@ -52,6 +52,10 @@ TrainOptions options(const Data& d, const std::string& backend, int stages, int 
   o.micro_batches = micro;
   o.pipeline_schedule = schedule;
   o.log_every = 1;
+  // A stuck transfer ends as an NcclError naming it, well within the GPU run's limit for this
+  // test (bench/gpu/run_gpu.sh: 150 s), which would end it silently.
+  o.stage_link.timeout_s = 40;
+  o.reducer.timeout_s = 40;
   return o;
 }
 

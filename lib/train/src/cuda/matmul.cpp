@@ -177,11 +177,11 @@ void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, con
                  cudaStream_t stream, bool accumulate) {
   if (s.m == 0 || s.n == 0) return;
   Plan& p = plan(s);
-  if (!p.chosen) choose(s, p, a, b, stream);
-  if (s.bias) {
+  if (s.bias) {  // before choose(): its timed launches run the bias epilogue too
     LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &bias, sizeof(bias)));
   }
+  if (!p.chosen) choose(s, p, a, b, stream);
   const float one = 1.0f, zero = 0.0f;
   LOCUS_CUBLAS_CHECK(lt().Matmul(handle_, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,
                                     d, p.d, d, p.d, &p.algo, workspace_.data(), workspace_.bytes(),

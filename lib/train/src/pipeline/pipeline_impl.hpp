@@ -56,6 +56,13 @@ struct PipelineStage::Impl {
   using OpsFactory = detail::StageOpsFactory;
   Impl(const Grid& grid, const ModelSpec& spec, Loss loss, const PipelineOptions& options,
        const OpsFactory& make_ops);
+  // The link and the reducer go first, while the buffers their transfers use still exist;
+  // unwinding, they abort those transfers at once. Last, a transfer stuck on a dead peer would
+  // hang the first cudaFree of the activation slots (it synchronizes the device).
+  ~Impl() {
+    link.reset();
+    reducer.reset();
+  }
 
   // Every call of a step or an evaluation.
   void begin(const PipelineBatch& b, bool training, double grad_divisor);
