@@ -10,8 +10,9 @@
 #     MAX_MB=56        stop if the bundle is larger (64 MiB minus the repository and a margin)
 #     TEST_SELECT="-L gpu"  the ctest selection whose binaries are packed (e.g. "-R ^test_comm"
 #                      to dry-run the test runner where no GPU test is built yet)
-# Layout: apps/ tests/ (+ tests/manifest.tsv: ctest name, binary, ranks) bench/ lib/ (always on
-# LD_LIBRARY_PATH: parallel HDF5, Boost.Program_options 1.74, fmt, szip/aec) lib-extra.tar.xz
+# Layout: bin.tar.xz (apps/ tests/ (+ tests/manifest.tsv: ctest name, binary, ranks) bench/
+# lib/ (always on LD_LIBRARY_PATH: parallel HDF5, Boost.Program_options 1.74, fmt, szip/aec);
+# run_gpu.sh unpacks it into the bundle's directory) lib-extra.tar.xz
 # (the rest of the binaries' closure, e.g. OpenBLAS and libgfortran: run_gpu.sh unpacks only
 # the sonames the host cannot resolve) fm/ scripts/ MANIFEST.
 # Then, on the GPU host (through the device tool, carrying OUT_DIR): bench/gpu/run_gpu.sh OUT_DIR
@@ -138,6 +139,10 @@ cp "$repo"/bench/gpu/*.py "$repo"/bench/gpu/*.sh "$out/scripts/"
   echo "cuda libraries the binaries expect from the host: $(for b in $bins; do ldd "$b"; done | awk '$1 ~ /^lib(cudart|cublas|nccl|cuda)/ {print $1}' | sort -u | tr '\n' ' ')libcublasLt.so.13 (opened at run time)"
 } > "$out/MANIFEST"
 cat "$out/MANIFEST"
+# The binaries and their libraries travel as one xz archive (a sixth of their size); run_gpu.sh
+# unpacks it in place first.
+tar -C "$out" -cJf "$out/bin.tar.xz" apps tests bench lib
+rm -rf "$out"/{apps,tests,bench,lib}
 size_kb=$(du -sk "$out" | cut -f1)
 echo "$out: $((size_kb / 1024)) MiB ($ntests GPU test binaries${missing:+; MISSING: ${missing[*]}})"
 if ((size_kb > max_mb * 1024)); then

@@ -5,7 +5,9 @@
 # 1. the machine: nvidia-smi -L, driver and CUDA versions, PyTorch's view of the GPU
 # 2. libraries: the bundle's lib/ first; sonames the host still cannot resolve are taken from
 #    lib-extra.tar.xz, the host's CUDA directories or PyTorch's nvidia/* wheels
-# 3. every GPU test binary (gtest --gtest_brief=1; MPI tests at their ctest rank counts)
+# 3. every GPU test binary (gtest --gtest_brief=1; MPI tests at their ctest rank counts), the
+#    NCCL tests at 2 and 4 ranks on the one GPU (host-id phase), the NCCL reducer's bench and the
+#    device-side gather's by grid cap (locus_gather_bench, about 15 s)
 # 4. locus-train on the GPU (gpu_train_bench.sh: Fashion-MNIST, the deep MLP, and SimpleNet on
 # a synthetic file that PyTorch trains on too), 5. locus-infer on the GPU against h5py +
 # PyTorch on a 1M-row file (infer_gpu_bench.py), 6. PyTorch on the GPU (torch_gpu_bench.py),
@@ -20,7 +22,7 @@
 # tests need longer, run them alone (SKIP="locus torch") and the benchmarks in a second call:
 #   TEST_BUDGET_S=180 TEST_TIMEOUT=90 APP_TEST_TIMEOUT=240   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40
 #   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60 INFER_TIMEOUT=150 INFER_ROWS=1048576
-#   SKIP may also name "reducer", "infer", "deep", "simplenet", "hostid", "monitors", "profile"
+#   SKIP may also name "gather", "reducer", "infer", "deep", "simplenet", "hostid", "monitors", "profile"
 #   SimpleNet 1024-512-10 Adam (after the deep MLP): SIMPLENET_ROWS=65536 (rows of the synthetic
 #   file, 1024 features; PyTorch's simplenet trains on it too) SIMPLENET_RUNS (gpu_train_bench.sh
 #   ROWS; default fp32, batch 64 and 4096, device cache and streamed) SIMPLENET_EPOCHS=10
@@ -32,6 +34,11 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "${1:?usage: bench/gpu/run_gpu.sh BUNDLE_DIR}" && pwd)
+# make_gpu_bundle.sh packs the binaries and libraries (apps/ tests/ bench/ lib/) in one archive.
+if [[ -f $bundle/bin.tar.xz ]]; then
+  tar -C "$bundle" -xJf "$bundle/bin.tar.xz" ||
+    { echo "run_gpu.sh: cannot unpack $bundle/bin.tar.xz" >&2; exit 1; }
+fi
 out=${OUT:-/tmp/gpu-run-out}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/gpu-run.XXXXXX)
@@ -237,6 +244,20 @@ else
   say "no GPU: not run"
 fi
 
+section "device-side gather from mapped host memory (locus_gather_bench)"
+gather_table=$work/gather_bench.txt
+if [[ $skip == *" gather "* ]]; then
+  say "skipped (SKIP)"
+elif [[ ! -x $bundle/bench/locus_gather_bench ]]; then
+  say "not in the bundle (a build without CUDA?)"
+elif ((gpu)); then
+  timeout -k 5 "${GATHER_TIMEOUT:-60}" "$bundle/bench/locus_gather_bench" > "$gather_table" 2>&1 < /dev/null
+  say "rc $?"
+  tee -a "$log" < "$gather_table"
+else
+  say "no GPU: not run"
+fi
+
 section "locus-train on the GPU (gpu_train_bench.sh)"
 if [[ $skip == *" locus "* ]]; then
   say "skipped (SKIP)"
@@ -409,6 +430,10 @@ if [[ -s $work/locus/kernel_profile.txt ]]; then
   { echo; echo "device time per step by kernel (ncu, eager; the top 6 of each):"
     awk '/^kernel_profile:/ {print; n = 0; next} /^  / && n++ < 6 {print}' \
       "$work/locus/kernel_profile.txt"; } >> "$out/summary.txt"
+fi
+if [[ -s $gather_table ]]; then
+  { echo; echo "loader.gather = device, by grid cap (GB/s alone, beside GEMMs; their slowdown):"
+    cat "$gather_table"; } >> "$out/summary.txt"
 fi
 if [[ -s $reducer_table ]]; then
   { echo; echo "NCCL reducer at 1 rank (machinery overhead; staged = D2H+H2D round trip):"
