@@ -4,7 +4,10 @@
 //   reducer the locus reducer's step (ready_from per bucket from the end, finish), timed from
 //           the producer stream's point of view (events), the way the training step sees it;
 //   staged  device -> pinned host -> device copies of the buffer, what the host-staged MPI
-//           reducer moves per step besides the MPI all-reduce itself (GB/s of the round trip).
+//           reducer moves per step besides the MPI all-reduce itself (GB/s of the round trip);
+//   host    the host's time to enqueue: one plain ncclAllReduce (a blocking communicator),
+//           and the reducer's step (its communicator is non-blocking: from 2 ranks on, NCCL
+//           enqueues each call on a thread it starts, and the reducer waits for that).
 // Median over timed iterations after warm-up; algbw = bytes / time, busbw = algbw * 2(n-1)/n;
 // the reducer's results are checked every iteration against the plain all-reduce's. At world
 // size 1 NCCL copies nothing: the figures are the machinery's overhead (launches, events).
@@ -14,6 +17,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -30,6 +34,8 @@ namespace po = boost::program_options;
 using namespace locus;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 void cu(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) throw CudaError(fmt::format("{}: {}", what, cudaGetErrorString(rc)));
@@ -91,7 +97,8 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
   cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   std::vector<float> host(max_n);
   for (std::size_t i = 0; i < max_n; ++i) {
-    host[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(world.rank()) * 3) % 1024) / 256.0f;
+    const std::size_t v = (i * 7 + static_cast<std::size_t>(world.rank()) * 3) % 1024;
+    host[i] = static_cast<float>(v) / 256.0f;
   }
 
   // The plain NCCL communicator (blocking) for the floor.
@@ -110,16 +117,20 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
     fmt::print("# locus_nccl_reducer_bench: {} rank(s), {}, bucket {} KiB, {} iters (median), "
                "load {:.2f}\n",
                n, comm::nccl_version(), bucket >> 10, iters, bench::loadavg());
-    fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>11} {:>7}\n", "bytes", "plain_us",
-               "reducer_us", "overhead", "algbw", "busbw", "staged_GB/s", "errors");
+    fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>11} {:>7} {:>13} {:>15}\n", "bytes",
+               "plain_us", "reducer_us", "overhead", "algbw", "busbw", "staged_GB/s", "errors",
+               "host_plain_us", "host_reducer_us");
   }
   std::int64_t errors_total = 0;
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const std::size_t count = bytes / sizeof(float);
     const comm::GradientBuffer g{d, count, comm::MemorySpace::cuda, s};
     auto reducer = comm::make_nccl_reducer(world, g, ro);
+    std::vector<double> plain_host_us, red_host_us;
     const auto plain_ms = timed(s, warmup, iters, [&] {
+      const auto t0 = Clock::now();
       nc(ncclAllReduce(d, ref, count, ncclFloat32, ncclSum, plain, s), "ncclAllReduce");
+      plain_host_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     });
     std::memcpy(pinned, host.data(), bytes);
     cu(cudaMemcpy(d, pinned, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -131,14 +142,19 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
     std::vector<double> red_ms;
     for (int i = 0; i < warmup + iters; ++i) {
       cu(cudaMemcpyAsync(d, pinned, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+      Clock::time_point t0;
       const auto ms = timed(s, 0, 1, [&] {
+        t0 = Clock::now();
         for (std::size_t off = count; off > 0;) {  // buckets become ready from the end
           off = off > count / 4 ? off - count / 4 : 0;
           reducer->ready_from(off);
         }
         reducer->finish();
       });
-      if (i >= warmup) red_ms.push_back(ms[0]);
+      if (i >= warmup) {
+        red_ms.push_back(ms[0]);
+        red_host_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      }
       cu(cudaMemcpy(got.data(), d, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
       errors += std::memcmp(got.data(), want.data(), bytes) != 0 ? 1 : 0;
     }
@@ -151,10 +167,11 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
     const double p = median(plain_ms), r = median(red_ms), st = median(staged_ms);
     const double algbw = static_cast<double>(bytes) / (r * 1e-3) / 1e9;
     if (world.is_root()) {
-      fmt::print("{:>12} {:>10.1f} {:>10.1f} {:>8.0f}% {:>9.2f} {:>9.2f} {:>11.2f} {:>7}\n", bytes,
-                 p * 1e3, r * 1e3, p > 0 ? (r / p - 1.0) * 100.0 : 0.0, algbw,
+      fmt::print("{:>12} {:>10.1f} {:>10.1f} {:>8.0f}% {:>9.2f} {:>9.2f} {:>11.2f} {:>7} {:>13.1f} "
+                 "{:>15.1f}\n",
+                 bytes, p * 1e3, r * 1e3, p > 0 ? (r / p - 1.0) * 100.0 : 0.0, algbw,
                  algbw * 2.0 * (n - 1) / n, 2.0 * static_cast<double>(bytes) / (st * 1e-3) / 1e9,
-                 errors);
+                 errors, median(plain_host_us), median(red_host_us));
     }
   }
   ncclCommDestroy(plain);

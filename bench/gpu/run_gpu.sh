@@ -220,6 +220,16 @@ elif ((gpu)); then
          "$bundle/tests/$t" --gtest_brief=1 --gtest_color=no) > "$tl" 2>&1 < /dev/null
       record_gtest "$t.hostid.np$n" "$n" "$?" "$tl" "$s"
     done
+    # The host's cost of enqueueing each NCCL call at 2 ranks (world size 1 takes a shortcut):
+    # the reducer's non-blocking communicator against a blocking one. The device times of this
+    # run are those of sockets between two processes on one GPU: not figures of a real link.
+    if [[ -x $bundle/bench/locus_nccl_reducer_bench ]]; then
+      (cd "$work/scratch" && run_mpi 2 "${REDUCER_TIMEOUT:-60}" "$here/hostid_rank.sh" \
+         "$bundle/bench/locus_nccl_reducer_bench" --min-bytes 65536 --max-bytes 1048576 --iters 10) \
+        > "$work/nccl_reducer_hostid.txt" 2>&1 < /dev/null
+      say "locus_nccl_reducer_bench at 2 ranks (host ids): rc $?"
+      tee -a "$log" < "$work/nccl_reducer_hostid.txt"
+    fi
   else
     say "the host-id probe did not succeed: the NCCL reducer, stage link and NCCL trainer" \
         "tests did NOT run (see the probe's lines above)"
@@ -434,6 +444,10 @@ fi
 if [[ -s $gather_table ]]; then
   { echo; echo "loader.gather = device, by grid cap (GB/s alone, beside GEMMs; their slowdown):"
     cat "$gather_table"; } >> "$out/summary.txt"
+fi
+if [[ -s $work/nccl_reducer_hostid.txt ]]; then
+  { echo; echo "NCCL reducer at 2 ranks on one GPU over sockets (host ids): host_* = enqueue cost"
+    grep -v '^#' "$work/nccl_reducer_hostid.txt" | head -n 12; } >> "$out/summary.txt"
 fi
 if [[ -s $reducer_table ]]; then
   { echo; echo "NCCL reducer at 1 rank (machinery overhead; staged = D2H+H2D round trip):"
