@@ -126,6 +126,10 @@ def test_fashion_mnist_matches_numpy(r, tmp):
     for k, cnt in zip(*np.unique(s["writer"], return_counts=True)):
         check(rep["per_rank"][k]["rows_written"] == cnt, f"rank {k} wrote {cnt} rows, report says otherwise")
     check(attrs["committed_rows"] == 10000 and attrs["kind"] == "probabilities", "attributes")
+    # The report's times nest: start-up before the input (seconds_init), then scoring.
+    check(0 < rep["seconds_init"] and rep["seconds_init"] + rep["seconds"] <= rep["seconds_total"],
+          f"times do not nest: init {rep['seconds_init']}, scoring {rep['seconds']}, "
+          f"total {rep['seconds_total']}")
 
 
 def test_identical_across_world_sizes_and_speculation(r, tmp):

@@ -86,8 +86,8 @@ METRIC_TIMING = {"seconds", "samples_per_s", "allreduce_s", "allreduce_blocked_s
                  "hidden_fraction", "data_wait_s", "data_wait_fraction", "eval_seconds"}
 # JSON reports (docs/FORMATS.md): measured times, and what depends on which rank won which
 # unit of the dynamic work queue (per-rank figures, speculative runs and wins).
-REPORT_VOLATILE = {"seconds", "seconds_durable", "seconds_total", "rows_per_second", "per_rank",
-                   "speculative_runs", "speculative_wins"}
+REPORT_VOLATILE = {"seconds", "seconds_durable", "seconds_init", "seconds_total",
+                   "rows_per_second", "per_rank", "speculative_runs", "speculative_wins"}
 # An --incremental report covers the rows scored by its own run: after a fault, the rerun
 # starts at the watermark the faulted run left, so these describe a smaller run than the
 # reference's (the prediction file itself is compared in full).

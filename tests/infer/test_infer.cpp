@@ -343,7 +343,8 @@ TEST(Infer, ReportMembersInDocumentedOrder) {
       "features_per_row", "outputs", "kind", "top_k", "ranks", "compute", "read", "unit_rows",
       "batch_rows",
       "units", "units_written_once", "schedule", "speculation", "speculative_runs",
-      "speculative_wins", "seconds", "seconds_durable", "seconds_total", "rows_per_second",
+      "speculative_wins", "seconds", "seconds_durable", "seconds_init", "seconds_total",
+      "rows_per_second",
       "per_rank", "metrics"};
   EXPECT_EQ(keys, want);
   EXPECT_EQ(j["output"], "out/caf\xEF\xBF\xBD.h5");

@@ -272,11 +272,13 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   mpi::agree_on(comm, [&] { engine = detail::choose_engine(comm, opts); });
   train::ModelInfo info;
   const train::Mlp model = train::read_model_file(comm, opts.model, &info);
+  const double seconds_init = MPI_Wtime() - t_start;
   const detail::InputInfo input = detail::inspect_input(comm, opts, model, opts.model);
   OutputKind kind{};
   mpi::agree_on(comm, [&] {
     kind = resolve_kind(opts.outputs, info.loss);
-    Scorer check(model, {.kind = kind, .top_k = opts.top_k, .batch_rows = opts.batch_rows});
+    check_score_spec({.kind = kind, .top_k = opts.top_k, .batch_rows = opts.batch_rows},
+                     model.layout().output_width());
   });
   const auto batch = static_cast<std::uint64_t>(opts.batch_rows);
   const int read_threads = resolve_read_threads(comm, opts, engine.cuda);
@@ -313,6 +315,7 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   r.compute = engine.description;
   r.read = s.read;
   r.report_path = opts.report.empty() ? opts.output + ".report.json" : opts.report;
+  r.seconds_init = seconds_init;
   r.seconds_total = MPI_Wtime() - t_start;
   const std::string json = report_json(opts, r);
   mpi::agree_on(comm, [&] {

@@ -85,6 +85,7 @@ std::string report_json(const InferOptions& opts, const InferResult& r) {
   j["speculative_wins"] = wins;
   j["seconds"] = r.seconds;
   j["seconds_durable"] = r.seconds_durable;
+  j["seconds_init"] = r.seconds_init;
   j["seconds_total"] = r.seconds_total;
   j["rows_per_second"] = r.seconds > 0 ? static_cast<double>(rows) / r.seconds : 0.0;
   j["per_rank"] = std::move(per_rank);

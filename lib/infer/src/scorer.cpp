@@ -38,9 +38,7 @@ void Metrics::merge(const Metrics& o) {
   for (std::size_t i = 0; i < o.confusion.size(); ++i) confusion[i] += o.confusion[i];
 }
 
-namespace {
-
-const ScoreSpec& checked(const ScoreSpec& spec, int outputs) {
+const ScoreSpec& check_score_spec(const ScoreSpec& spec, int outputs) {
   if (spec.batch_rows < 1) {
     throw ConfigError(fmt::format("infer.batch_rows = {}: give a batch of at least 1 row",
                                   spec.batch_rows));
@@ -60,11 +58,9 @@ const ScoreSpec& checked(const ScoreSpec& spec, int outputs) {
   return spec;
 }
 
-}  // namespace
-
 Scorer::Scorer(const train::Mlp& model, const ScoreSpec& spec)
     : model_(model),
-      spec_(checked(spec, model.layout().output_width())),
+      spec_(check_score_spec(spec, model.layout().output_width())),
       inputs_(model.layout().input_width()),
       outputs_(model.layout().output_width()),
       ws_(model, spec.batch_rows, train::Mode::inference),

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/cublaslt_api.hpp"
 #include "cuda/device.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/matmul.hpp"
@@ -23,6 +24,7 @@ std::size_t sz(int a, int b) { return static_cast<std::size_t>(a) * static_cast<
 
 SelectedDevice use_device(const mpi::Comm& world, int requested, std::string_view section) {
   const DeviceInfo d = select_device(world, requested, section);
+  (void)lt();  // cuBLASLt loaded now (CublasError if it cannot be): the device is ready
   return {d.index, d.name, d.describe()};
 }
 

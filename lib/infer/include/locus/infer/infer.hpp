@@ -100,6 +100,9 @@ struct InferResult {
   std::optional<Metrics> metrics;            // when the input has labels (classifiers)
   double seconds = 0;                        // scoring loop, first claim to durable output
   double seconds_durable = 0;                // of which: flushes, fsyncs and the publication
+  // Of seconds_total, before the input is touched: options, device (cuda: context, cuBLASLt),
+  // model.
+  double seconds_init = 0;
   double seconds_total = 0;                  // including setup and publication
   bool incremental = false;
   std::string report_path;

@@ -48,10 +48,13 @@ struct Scores {
   Metrics metrics;                      // when labels were given
 };
 
+// ConfigError for a top_k above the output width, top_k or probabilities with a single-output
+// model, or batch_rows < 1; else spec. What the Scorer checks, without its buffers.
+const ScoreSpec& check_score_spec(const ScoreSpec& spec, int outputs);
+
 class Scorer {
  public:
-  // The model must outlive the scorer. ConfigError for a top_k above the output width, top_k
-  // or probabilities with a single-output model, or batch_rows < 1.
+  // The model must outlive the scorer. ConfigError as check_score_spec.
   Scorer(const train::Mlp& model, const ScoreSpec& spec);
 
   int outputs() const noexcept { return outputs_; }

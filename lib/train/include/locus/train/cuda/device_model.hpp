@@ -22,8 +22,9 @@ int device_count() noexcept;
 std::string describe_devices();
 
 // Collective over world: picks this rank's GPU -- the node-local rank (MPI_Comm_split_type
-// SHARED) modulo the visible devices, or `requested` when >= 0 -- and makes it current on the
-// calling thread (a thread that uses it later calls cudaSetDevice(index) itself). ConfigError
+// SHARED) modulo the visible devices, or `requested` when >= 0 -- makes it current on the
+// calling thread (a thread that uses it later calls cudaSetDevice(index) itself) and loads
+// cuBLASLt (CublasError when it cannot), so that the device is ready to use. ConfigError
 // (not agreed) naming <section>.backend / <section>.device when the host has no usable device
 // or `requested` is out of range.
 struct SelectedDevice {
