@@ -26,7 +26,7 @@ max_mb=${MAX_MB:-56}
 # Sonames the host provides, or that must come from the host (CUDA, NCCL, MPI and its deps,
 # the C and C++ run-times): never packed.
 host_re='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libresolv\.|libutil\.|libstdc\+\+|libgcc_s|libmpi|libopen-rte|libopen-pal|libpmix|libhwloc|libevent|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia|libnvrtc|libnvJitLink|libcufft|libcurand|libcusolver|libcusparse)'
-# Packed uncompressed and always used (the host's own, if any, are other versions).
+# Always used, in bin.tar.xz's lib/ (the host's own, if any, are other versions).
 tier1_re=${TIER1_RE:-'^(libhdf5|libboost_program_options|libfmt|libsz\.|libaec\.)'}
 
 rm -rf "$out"

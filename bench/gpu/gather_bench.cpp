@@ -137,8 +137,10 @@ int main(int argc, char** argv) {
       throw ConfigError("--rows, --cols, --iters, --gemm-out and --window-ms must be positive");
     }
     const std::vector<int> batches = parse_ints(batches_text, "batches");
-    if (std::ranges::find(batches, 0) != batches.end()) {
-      throw ConfigError(fmt::format("--batches '{}': a batch has at least one row", batches_text));
+    const int max_batch = *std::max_element(batches.begin(), batches.end());
+    if (std::ranges::find(batches, 0) != batches.end() || max_batch > rows) {
+      throw ConfigError(fmt::format("--batches '{}': a batch has at least one row and at most "
+                                    "--rows ({})", batches_text, rows));
     }
     std::vector<int> caps = parse_ints(caps_text, "caps");
 
@@ -169,7 +171,6 @@ int main(int argc, char** argv) {
     void* mapped_raw = nullptr;
     LOCUS_CUDA_CHECK(cudaHostGetDevicePointer(&mapped_raw, host.data(), 0));
     const auto* mapped = static_cast<const float*>(mapped_raw);
-    const int max_batch = *std::max_element(batches.begin(), batches.end());
     // The device copy of the block (the device cache's source) only where it fits beside the
     // rest with room to spare.
     std::size_t free_bytes = 0, total_bytes = 0;
@@ -302,5 +303,8 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     fmt::print(stderr, "locus_gather_bench: {}\n", e.what());
     return exit_code_for(e.kind());
+  } catch (const std::exception& e) {  // e.g. the host block's allocation
+    fmt::print(stderr, "locus_gather_bench: {}\n", e.what());
+    return 1;
   }
 }

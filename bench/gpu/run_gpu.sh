@@ -6,8 +6,9 @@
 # 2. libraries: the bundle's lib/ first; sonames the host still cannot resolve are taken from
 #    lib-extra.tar.xz, the host's CUDA directories or PyTorch's nvidia/* wheels
 # 3. every GPU test binary (gtest --gtest_brief=1; MPI tests at their ctest rank counts), the
-#    NCCL tests at 2 and 4 ranks on the one GPU (host-id phase), the NCCL reducer's bench and the
-#    device-side gather's by grid cap (locus_gather_bench, about 15 s)
+#    device-side gather's bench by grid cap (locus_gather_bench, about 15 s), the NCCL tests
+#    and the NCCL reducer's bench at 2 and 4 ranks on the one GPU (host-id phase), the reducer's
+#    bench at 1 rank
 # 4. locus-train on the GPU (gpu_train_bench.sh: Fashion-MNIST, the deep MLP, and SimpleNet on
 # a synthetic file that PyTorch trains on too), 5. locus-infer on the GPU against h5py +
 # PyTorch on a 1M-row file (infer_gpu_bench.py), 6. PyTorch on the GPU (torch_gpu_bench.py),
@@ -34,15 +35,25 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "${1:?usage: bench/gpu/run_gpu.sh BUNDLE_DIR}" && pwd)
-# make_gpu_bundle.sh packs the binaries and libraries (apps/ tests/ bench/ lib/) in one archive.
-if [[ -f $bundle/bin.tar.xz ]]; then
-  tar -C "$bundle" -xJf "$bundle/bin.tar.xz" ||
-    { echo "run_gpu.sh: cannot unpack $bundle/bin.tar.xz" >&2; exit 1; }
-fi
 out=${OUT:-/tmp/gpu-run-out}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/gpu-run.XXXXXX)
 py=${PYTHON:-python3}
+# make_gpu_bundle.sh packs the binaries and libraries (apps/ tests/ bench/ lib/) in one archive:
+# unpacked into this run's scratch directory beside links to the rest of the bundle, which is
+# never written to (tar's xz, else Python's).
+if [[ -f $bundle/bin.tar.xz ]]; then
+  view=$work/bundle
+  mkdir -p "$view"
+  tar -C "$view" -xJf "$bundle/bin.tar.xz" 2> /dev/null ||
+    "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$bundle/bin.tar.xz" "$view" ||
+    { echo "run_gpu.sh: cannot unpack $bundle/bin.tar.xz" >&2; exit 1; }
+  for f in "$bundle"/*; do
+    [[ $f == */bin.tar.xz || -e $view/${f##*/} ]] || ln -s "$f" "$view/"
+  done
+  bundle=$view
+fi
 skip=" ${SKIP:-} "
 log=$out/run.log
 : > "$log"
@@ -196,6 +207,20 @@ else
 fi
 tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
 
+section "device-side gather from mapped host memory (locus_gather_bench)"
+gather_table=$work/gather_bench.txt
+if [[ $skip == *" gather "* ]]; then
+  say "skipped (SKIP)"
+elif [[ ! -x $bundle/bench/locus_gather_bench ]]; then
+  say "not in the bundle (a build without CUDA?)"
+elif ((gpu)); then
+  timeout -k 5 "${GATHER_TIMEOUT:-60}" "$bundle/bench/locus_gather_bench" > "$gather_table" 2>&1 < /dev/null
+  say "rc $?"
+  tee -a "$log" < "$gather_table"
+else
+  say "no GPU: not run"
+fi
+
 section "NCCL with 2 ranks on one GPU (a host id per rank: test device only)"
 # NCCL refuses two ranks of one communicator on one GPU; with its own NCCL_HOSTID and the socket
 # transport each rank looks like another node (hostid_rank.sh). First PyTorch's NCCL without and
@@ -250,20 +275,6 @@ elif ((gpu)); then
     > "$reducer_table" 2>&1 < /dev/null
   say "rc $?"
   cat "$reducer_table" | tee -a "$log"
-else
-  say "no GPU: not run"
-fi
-
-section "device-side gather from mapped host memory (locus_gather_bench)"
-gather_table=$work/gather_bench.txt
-if [[ $skip == *" gather "* ]]; then
-  say "skipped (SKIP)"
-elif [[ ! -x $bundle/bench/locus_gather_bench ]]; then
-  say "not in the bundle (a build without CUDA?)"
-elif ((gpu)); then
-  timeout -k 5 "${GATHER_TIMEOUT:-60}" "$bundle/bench/locus_gather_bench" > "$gather_table" 2>&1 < /dev/null
-  say "rc $?"
-  tee -a "$log" < "$gather_table"
 else
   say "no GPU: not run"
 fi
