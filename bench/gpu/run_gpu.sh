@@ -22,6 +22,7 @@
 # over the device tool's 10 minutes only if every phase runs to its limit; where the
 # tests need longer, run them alone (SKIP="locus torch") and the benchmarks in a second call:
 #   TEST_BUDGET_S=180 TEST_TIMEOUT=90 APP_TEST_TIMEOUT=240   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40
+#   HOSTID_BUDGET_S=240 HOSTID_TEST_TIMEOUT GATHER_TIMEOUT=60
 #   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60 INFER_TIMEOUT=150 INFER_ROWS=1048576
 #   SKIP may also name "gather", "reducer", "infer", "deep", "simplenet", "hostid", "monitors", "profile"
 #   SimpleNet 1024-512-10 Adam (after the deep MLP): SIMPLENET_ROWS=65536 (rows of the synthetic
@@ -236,12 +237,21 @@ elif ((gpu)); then
     # the host-staged one; every pipeline test there goes through NCCL, three communicators per
     # trainer over sockets, hence the longer limit); the link once more as a 4-rank pipeline.
     # Each entry: binary:ranks:seconds (HOSTID_TEST_TIMEOUT overrides the seconds).
+    # A soft budget (HOSTID_BUDGET_S, default 240 s) as in the tests phase: nothing starts after
+    # it, and each limit shrinks so that the phase ends within it + 30 s (at least 30 s each).
+    t0=$SECONDS hb=${HOSTID_BUDGET_S:-240}
     for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_cuda_trainer:2:90 \
                 test_cuda_pipeline:2:150 test_nccl_link:4:90; do
       IFS=: read -r t n limit <<< "$spec"
       [[ -x $bundle/tests/$t ]] || continue
+      if ((SECONDS - t0 > hb)); then
+        printf '%s\t%s\tnot run\t-\t-\t-\t-\n' "$t.hostid.np$n" "$n" >> "$tests_tsv"; continue
+      fi
+      limit=${HOSTID_TEST_TIMEOUT:-$limit}
+      left=$((hb + 30 - (SECONDS - t0)))
+      ((left < limit)) && limit=$((left < 30 ? 30 : left))
       tl=$work/tests/$t.hostid.np$n.log s=$SECONDS
-      (cd "$work/scratch" && run_mpi "$n" "${HOSTID_TEST_TIMEOUT:-$limit}" "$here/hostid_rank.sh" \
+      (cd "$work/scratch" && run_mpi "$n" "$limit" "$here/hostid_rank.sh" \
          "$bundle/tests/$t" --gtest_brief=1 --gtest_color=no) > "$tl" 2>&1 < /dev/null
       record_gtest "$t.hostid.np$n" "$n" "$?" "$tl" "$s"
     done
