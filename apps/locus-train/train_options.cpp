@@ -188,9 +188,10 @@ void TrainSettings::register_options(Config& c) {
         "per rank on the cuda backend, as the node's cores allow; 1 on cpu)",
         in_range(std::int64_t{0}, 64));
   c.add("loader.device_cache_mb", device_cache_mb,
-        "cuda: MiB of GPU memory for this rank's training partition; when the partition fits "
-        "it is copied to the GPU once and batches are gathered there (0: stream every batch "
-        "from pinned host memory)",
+        "cuda: MiB of GPU memory for this rank's training samples (its partition under local "
+        "shuffle, the whole set under global); they are copied to the GPU once and batches are "
+        "gathered there; samples that do not fit are a configuration error naming the size "
+        "(0: stream every batch from pinned host memory; cpu backend: must be 0)",
         in_range(std::int64_t{0}, std::int64_t{1} << 30));
   c.add_choice("loader.gather", gather, {"host", "device"},
                "cuda: who gathers a training batch's rows from this rank's samples in memory: "

@@ -106,8 +106,12 @@ def test_n_ranks_match_one_rank_and_repeat_exactly(r, tmp):
     for k in a:
         check(np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)),
               f"{k} differs between two runs of one config")
-    la = [json.loads(l) for l in open(os.path.join(tmp, "a.jsonl"))]
-    lb = [json.loads(l) for l in open(os.path.join(tmp, "b.jsonl"))]
+    # The step and epoch lines repeat exactly; the detectors' event lines depend on timing (a
+    # rank slowed by a busy machine is a straggler in one run and not the other).
+    def trained(path):
+        return [l for l in map(json.loads, open(path)) if l["type"] in ("step", "epoch")]
+    la, lb = trained(os.path.join(tmp, "a.jsonl")), trained(os.path.join(tmp, "b.jsonl"))
+    check(len(la) == len(lb) and len(la) > 0, f"{len(la)} vs {len(lb)} step and epoch lines")
     for x, y in zip(la, lb):
         for key in ("loss", "accuracy", "lr", "train_loss", "eval_loss", "eval_accuracy"):
             check(x.get(key) == y.get(key), f"metric {key} differs between runs: {x} vs {y}")
