@@ -10,7 +10,10 @@
 //            cols, the trainer's Matmul) runs on the compute stream: the GEMM loop's slowdown
 //            against the loop alone, and the gather's GB/s over its own loop (1.2x as long as
 //            the GEMM loop, so it ends alone); "prio" gives the compute stream the
-//            device's greatest stream priority (the copy stream keeps the default, the lowest).
+//            device's greatest stream priority (the copy stream keeps the default, the lowest);
+//   bf16     the mapped gather alone of the block's bf16 copy (train.precision = bf16: the
+//            trainer converts the samples once on the host), GB/s of its rows (2 bytes a value),
+//            and its rows per second over the fp32 gather's ("rows x").
 // Medians of --iters timed runs after --warmup; each row copied is checked once per cap.
 //   locus_gather_bench [--rows 262144] [--cols 784] [--batches 1024,8192] [--caps 8,16,32]
 #include <cuda_runtime.h>
@@ -29,6 +32,7 @@
 
 #include "../common/bench_cli.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/host_bf16.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/matmul.hpp"
 #include "cuda/memory.hpp"
@@ -171,6 +175,12 @@ int main(int argc, char** argv) {
     void* mapped_raw = nullptr;
     LOCUS_CUDA_CHECK(cudaHostGetDevicePointer(&mapped_raw, host.data(), 0));
     const auto* mapped = static_cast<const float*>(mapped_raw);
+    // The block's bf16 copy, page-locked and mapped, as CudaCompute::map_dataset makes it.
+    MappedBuffer<__nv_bfloat16> host_bf16(block_floats);
+    to_bf16_host(host.data(), reinterpret_cast<std::uint16_t*>(host_bf16.data()), block_floats);
+    void* mapped_bf16_raw = nullptr;
+    LOCUS_CUDA_CHECK(cudaHostGetDevicePointer(&mapped_bf16_raw, host_bf16.data(), 0));
+    const auto* mapped_bf16 = static_cast<const __nv_bfloat16*>(mapped_bf16_raw);
     // The device copy of the block (the device cache's source) only where it fits beside the
     // rest with room to spare.
     std::size_t free_bytes = 0, total_bytes = 0;
@@ -182,6 +192,7 @@ int main(int argc, char** argv) {
                                   cudaMemcpyHostToDevice));
     }
     DeviceBuffer<float> dst(static_cast<std::size_t>(max_batch) * width);
+    DeviceBuffer<__nv_bfloat16> dst_bf16(static_cast<std::size_t>(max_batch) * width);
     DeviceBuffer<std::int64_t> index(static_cast<std::size_t>(max_batch));
     PinnedBuffer<float> pinned(static_cast<std::size_t>(max_batch) * width);
     std::memcpy(pinned.data(), host.data(), pinned.bytes());
@@ -201,8 +212,9 @@ int main(int argc, char** argv) {
     fmt::print("# GB/s of batch rows; GEMM loop: fp32 {} x batch x {} forward GEMMs, about "
                "{:.1f} ms; slowdown = the loop's time beside the gathers / alone - 1\n",
                gemm_out, cols, window_ms);
-    fmt::print("{:>6} {:>6} {:>8} {:>8} {:>8} | {:>9} {:>9} | {:>9} {:>9}\n", "batch", "cap",
-               "link", "device", "alone", "beside", "slowdown", "prio", "slowdown");
+    fmt::print("{:>6} {:>6} {:>8} {:>8} {:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>8} {:>7}\n",
+               "batch", "cap", "link", "device", "alone", "beside", "slowdown", "prio",
+               "slowdown", "bf16", "rows x");
 
     std::uniform_int_distribution<std::int64_t> pick(0, rows - 1);
     for (const int batch : batches) {
@@ -244,6 +256,22 @@ int main(int argc, char** argv) {
           if (std::memcmp(got.data() + r * width, want, width * sizeof(float)) != 0) {
             throw InternalError(fmt::format("batch {} cap {}: row {} differs from host row {}",
                                             batch, cap, r, idx[r]));
+          }
+        }
+        const double bf16_ms = timed(base.get(), warmup, iters, [&] {
+          gather_bf16_rows(mapped_bf16, index.data(), dst_bf16.data(), batch, cols, base.get(),
+                           cap);
+        });
+        LOCUS_CUDA_CHECK(cudaStreamSynchronize(base.get()));
+        std::vector<std::uint16_t> got16(static_cast<std::size_t>(batch) * width);
+        LOCUS_CUDA_CHECK(cudaMemcpy(got16.data(), dst_bf16.data(),
+                                    got16.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost));
+        for (std::size_t r = 0; r < idx.size(); ++r) {
+          const auto* want = reinterpret_cast<const std::uint16_t*>(host_bf16.data()) +
+                             static_cast<std::size_t>(idx[r]) * width;
+          if (std::memcmp(got16.data() + r * width, want, width * sizeof(std::uint16_t)) != 0) {
+            throw InternalError(fmt::format("batch {} cap {}: bf16 row {} differs from host row "
+                                            "{}", batch, cap, r, idx[r]));
           }
         }
         // Gathers for about 1.2 windows: the whole GEMM loop runs beside them.
@@ -292,10 +320,11 @@ int main(int argc, char** argv) {
         };
         const Beside same = beside(least), prio = beside(greatest);
         fmt::print("{:>6} {:>6} {:>8.1f} {:>8.1f} {:>8.1f} | {:>9.1f} {:>8.0f}% | {:>9.1f} "
-                   "{:>8.0f}%\n",
+                   "{:>8.0f}% | {:>8.1f} {:>7.2f}\n",
                    batch, cap == 0 ? std::string("none") : std::to_string(cap), gbs(link_ms),
                    gbs(device_ms), gbs(alone_ms), same.gather_gbs, same.gemm_slowdown * 100,
-                   prio.gather_gbs, prio.gemm_slowdown * 100);
+                   prio.gather_gbs, prio.gemm_slowdown * 100, gbs(bf16_ms) / 2,
+                   bf16_ms > 0 ? alone_ms / bf16_ms : 0.0);
       }
     }
     LOCUS_CUDA_CHECK(cudaHostUnregister(host.data()));

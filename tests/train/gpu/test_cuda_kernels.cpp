@@ -561,6 +561,53 @@ TEST_F(CudaKernels, GatherRowsFromMappedHostMemoryIsExact) {
   }
 }
 
+// The bf16 gather of loader.gather = device at bf16: rows of bf16 bits in page-locked mapped
+// host memory copied exactly, by 16-byte units (784 columns, aligned), 4-byte units (14) and
+// single values (13 columns, or the source one value off alignment); capped grid or not; 0
+// rows writes nothing.
+TEST_F(CudaKernels, GatherBf16RowsFromMappedHostMemoryIsExact) {
+  const int src_rows = 20000, rows = 8192;
+  for (const int cols : {13, 14, 784}) {
+    for (const std::size_t offset : {0, 1}) {
+      for (const int max_blocks : {0, 8}) {
+        SCOPED_TRACE(::testing::Message() << rows << "x" << cols << " offset " << offset
+                                          << " max_blocks " << max_blocks);
+        const std::size_t width = static_cast<std::size_t>(cols);
+        const std::size_t count = static_cast<std::size_t>(src_rows) * width;
+        std::vector<Bf16Bits> host(offset + count);
+        std::mt19937_64 bits(static_cast<std::uint64_t>(cols) * 10 + offset);
+        for (std::size_t i = 0; i < count; ++i) {
+          host[offset + i] = static_cast<Bf16Bits>(bits());
+        }
+        ASSERT_EQ(cudaHostRegister(host.data(), host.size() * sizeof(Bf16Bits),
+                                   cudaHostRegisterMapped), cudaSuccess);
+        void* mapped = nullptr;
+        ASSERT_EQ(cudaHostGetDevicePointer(&mapped, host.data(), 0), cudaSuccess);
+        const auto* src = static_cast<const __nv_bfloat16*>(mapped) + offset;
+        std::mt19937_64 gen(static_cast<std::uint64_t>(cols));
+        std::vector<std::int64_t> index(static_cast<std::size_t>(rows));
+        for (auto& i : index) i = static_cast<std::int64_t>(gen() % src_rows);
+        index.front() = 0;
+        index.back() = src_rows - 1;
+        Dev<Bf16Bits> ddst(index.size() * width);
+        Dev<std::int64_t> didx(index);
+        ddst.poison();
+        gather_bf16_rows(src, didx.get(), bf(ddst), rows, cols, stream_, max_blocks);
+        gather_bf16_rows(src, didx.get(), bf(ddst), 0, cols, stream_, max_blocks);
+        sync();
+        const auto dst = ddst.download();
+        for (std::size_t r = 0; r < index.size(); ++r) {
+          const std::size_t from = offset + static_cast<std::size_t>(index[r]) * width;
+          ASSERT_EQ(std::memcmp(dst.data() + r * width, host.data() + from,
+                                width * sizeof(Bf16Bits)), 0) << "row " << r;
+        }
+        EXPECT_TRUE(ddst.intact());
+        ASSERT_EQ(cudaHostUnregister(host.data()), cudaSuccess);
+      }
+    }
+  }
+}
+
 TEST_F(CudaKernels, ToBf16RoundsToNearestEven) {
   std::vector<float> special = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN,
                                 3.4028235e38f,   // rounds up to inf
@@ -599,6 +646,7 @@ TEST_F(CudaKernels, ZeroSizesAreNoOps) {
   sgd_update(nullptr, nullptr, nullptr, nullptr, 0, SgdConfig{}, nullptr, nullptr, stream_);
   adam_update(nullptr, nullptr, nullptr, nullptr, nullptr, 0, AdamConfig{}, nullptr, nullptr, stream_);
   gather_rows(nullptr, nullptr, nullptr, 0, 4, nullptr, nullptr, stream_);
+  gather_bf16_rows(nullptr, nullptr, nullptr, 0, 8, stream_);
   to_bf16(nullptr, nullptr, 0, stream_);
   grad_norm_and_scale(nullptr, 0, 1.0, nullptr, norm.get(), scale.get(), stream_);
   sync();

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "locus/train/compute.hpp"
 #include "locus/train/monitor/anomaly.hpp"
@@ -135,11 +136,14 @@ TEST_F(CudaTrainer, SameConfigTwiceIsBitwiseEqualWithAndWithoutGraphs) {
 // The device cache gathers each batch on the GPU from the rank's resident rows, and
 // loader.gather = device gathers them from those rows in (mapped) host memory: the same batches
 // in the same order as the streamed path, so bitwise the same training, with and without
-// CUDA graphs.
+// CUDA graphs. At bf16 the device gather reads the rows' bf16 copy, converted once on the host:
+// bitwise what the device's conversion of each streamed batch gives the GEMMs.
 TEST_F(CudaTrainer, DeviceCacheAndDeviceGatherTrainBitwiseLikeTheStreamedPath) {
-  for (const Shuffle shuffle : {Shuffle::global, Shuffle::local}) {
+  for (const auto& [shuffle, precision] :
+       {std::pair{Shuffle::global, Precision::fp32}, std::pair{Shuffle::local, Precision::fp32},
+        std::pair{Shuffle::global, Precision::bf16}, std::pair{Shuffle::local, Precision::bf16}}) {
     for (const bool graphs : {true, false}) {
-      TrainOptions o = options(data(), "cuda");
+      TrainOptions o = options(data(), "cuda", precision);
       o.data.shuffle = shuffle;
       o.compute.graphs = graphs;
       const Outcome streamed = train(o);
@@ -148,7 +152,8 @@ TEST_F(CudaTrainer, DeviceCacheAndDeviceGatherTrainBitwiseLikeTheStreamedPath) {
       o.device_cache_bytes = 0;
       o.device_gather = true;
       const Outcome mapped = train(o);
-      SCOPED_TRACE(std::string(to_string(shuffle)) + (graphs ? ", graphs" : ", no graphs"));
+      SCOPED_TRACE(std::string(to_string(shuffle)) + ", " + std::string(to_string(precision)) +
+                   (graphs ? ", graphs" : ", no graphs"));
       for (const Outcome* got : {&cached, &mapped}) {
         const char* what = got == &cached ? "device cache" : "device gather";
         EXPECT_EQ(got->params, streamed.params) << what;

@@ -19,6 +19,7 @@
 #include "cuda/cuda_compute.hpp"
 #include "cuda/device.hpp"
 #include "cuda/device_state.hpp"
+#include "cuda/host_bf16.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/layers.hpp"
 #include "cuda/matmul.hpp"
@@ -143,9 +144,12 @@ class CudaCompute final : public Compute {
   DeviceBuffer<float> cached_x_;
   std::int64_t cached_rows_ = 0;
   // loader.gather = device: the loader's resident block, page-locked in place (registered_,
-  // unregistered last) and read by the device through mapped_x_.
+  // unregistered last) and read by the device through mapped_x_; at bf16 its bf16 copy instead
+  // (staged_bf16_, read through mapped_bf16_), half the bytes over the host link.
   void* registered_ = nullptr;
   const float* mapped_x_ = nullptr;
+  MappedBuffer<__nv_bfloat16> staged_bf16_;
+  const __nv_bfloat16* mapped_bf16_ = nullptr;
   bool scale_is_one_ = false;
   // Loss sums of the steps not yet drained: pinned ring filled by D2H copies on compute_.
   PinnedBuffer<DeviceLossStats> stats_ring_;
@@ -212,12 +216,10 @@ void CudaCompute::cache_dataset(std::span<const float> x, std::int64_t rows, std
 void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
   LOCUS_ASSERT(cols == input_width() && x.size() == static_cast<std::size_t>(rows * cols),
                "the mapped block must be rows x input width");
-  LOCUS_ASSERT(registered_ == nullptr && cached_x_.size() == 0,
+  LOCUS_ASSERT(registered_ == nullptr && mapped_bf16_ == nullptr && cached_x_.size() == 0,
                "a dataset is mapped once, and not beside a device cache");
+  LOCUS_ASSERT(slot_capacity_ == 0, "a dataset is mapped before the first step");
   if (x.empty()) return;  // a rank without rows has no batches to gather
-  void* host = const_cast<float*>(x.data());  // the device only reads it
-  // Plain mapped registration: cudaHostRegisterReadOnly is for pages the process itself maps
-  // read-only, which this heap block is not.
   auto refuse = [&](cudaError_t rc, const char* call) {
     cudaGetLastError();  // not sticky: clear it, or the next launch check would report it
     throw ConfigError(fmt::format(
@@ -229,6 +231,31 @@ void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::
             ? " (part of it is page-locked already, e.g. by the MPI library's CUDA transport)"
             : ""));
   };
+  if (bf16()) {
+    // The GEMMs read bf16 inputs: convert the rows once, exactly as the device would each
+    // batch (host_bf16.hpp), into page-locked mapped memory, so a batch crosses the host link
+    // in half the bytes. Costs host memory of half the block, beside the loader's.
+    try {
+      staged_bf16_ = MappedBuffer<__nv_bfloat16>(x.size());
+    } catch (const CudaError& e) {
+      throw ConfigError(fmt::format(
+          "loader.gather = device at train.precision = bf16 keeps a page-locked bf16 copy of "
+          "the samples this rank holds ({:.1f} MiB), which could not be allocated: {}; set "
+          "loader.gather = host, or raise the locked-memory limit (ulimit -l)",
+          static_cast<double>(x.size() * sizeof(__nv_bfloat16)) / (1 << 20), e.what()));
+    }
+    to_bf16_host(x.data(), reinterpret_cast<std::uint16_t*>(staged_bf16_.data()), x.size());
+    void* device = nullptr;
+    if (const cudaError_t rc = cudaHostGetDevicePointer(&device, staged_bf16_.data(), 0);
+        rc != cudaSuccess) {
+      refuse(rc, "cudaHostGetDevicePointer");
+    }
+    mapped_bf16_ = static_cast<const __nv_bfloat16*>(device);
+    return;
+  }
+  void* host = const_cast<float*>(x.data());  // the device only reads it
+  // Plain mapped registration: cudaHostRegisterReadOnly is for pages the process itself maps
+  // read-only, which this heap block is not.
   if (const cudaError_t rc = cudaHostRegister(host, x.size_bytes(), cudaHostRegisterMapped);
       rc != cudaSuccess) {
     refuse(rc, "cudaHostRegister");
@@ -248,7 +275,8 @@ void CudaCompute::ensure_capacity(int rows) {
   pass_graphs_.clear();  // they captured the old buffers' addresses
   slots_.clear();
   for (int i = 0; i < 2; ++i) {
-    slots_.emplace_back(capacity, input_width(), output_width(), loss_ == Loss::mse);
+    slots_.emplace_back(capacity, input_width(), output_width(), loss_ == Loss::mse,
+                        mapped_bf16_ != nullptr);
   }
   train_ws_.emplace(state_.model.spec(), capacity, true, bf16());
   slot_capacity_ = capacity;
@@ -272,15 +300,19 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   auto h2d = [&](void* dst, const void* src, std::size_t bytes) {
     if (bytes > 0) LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
   };
-  if (cached_x_.size() > 0 || mapped_x_ != nullptr) {
+  if (cached_x_.size() > 0 || mapped_x_ != nullptr || mapped_bf16_ != nullptr) {
     LOCUS_ASSERT(b.x.empty() && b.resident_rows.size() == static_cast<std::size_t>(b.rows),
                  "a cached or mapped dataset's batches come as resident row indices");
     h2d(slot.resident_rows.data(), b.resident_rows.data(), b.resident_rows.size_bytes());
+    // Mapped: the rows straight from host memory, on the copy stream while the previous step
+    // computes; a capped grid leaves the compute kernels most of the SMs.
+    const int cap = std::max(8, device_.multiprocessors / 2);
     if (mapped_x_ != nullptr) {
-      // The rows straight from host memory, on the copy stream while the previous step
-      // computes; a capped grid leaves the compute kernels most of the SMs.
       gather_rows(mapped_x_, slot.resident_rows.data(), slot.x.data(), b.rows, input_width(),
-                  nullptr, nullptr, s, std::max(8, device_.multiprocessors / 2));
+                  nullptr, nullptr, s, cap);
+    } else if (mapped_bf16_ != nullptr) {
+      gather_bf16_rows(mapped_bf16_, slot.resident_rows.data(), slot.x_bf16.data(), b.rows,
+                       input_width(), s, cap);
     }
   } else {
     h2d(slot.x.data(), b.x.data(), b.x.size_bytes());
@@ -326,13 +358,16 @@ void CudaCompute::issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bo
   dropout.seed = spec.seed;
   dropout.step = &pass_scalars_.device()->step;
   dropout.sample_ids = slot.sample_ids.data();
+  // Training batches of a bf16 mapped dataset arrive in bf16 (evaluation's come as fp32).
+  const __nv_bfloat16* x_bf16 =
+      training && mapped_bf16_ != nullptr ? slot.x_bf16.data() : nullptr;
   const DeviceParams p = device_params();
-  layers_.forward(p, x, rows, w.acts, training, dropout, s);
+  layers_.forward(p, x, rows, w.acts, training, dropout, s, x_bf16);
   float* dlogits = training ? w.scratch.out_grad.data() : nullptr;
   layers_.loss(loss_, w.acts, slot.labels.data(), slot.targets.data(), dlogits,
                &pass_scalars_.device()->inv_divisor, w.scratch, stats_.data(), rows, s);
   if (training) {
-    layers_.backward(p, x, w.acts, dlogits, rows, false, nullptr, w.scratch, ready, s);
+    layers_.backward(p, x, w.acts, dlogits, rows, false, nullptr, w.scratch, ready, s, x_bf16);
   }
 }
 
@@ -514,7 +549,7 @@ LossStats CudaCompute::evaluate(const Batch& batch) {
     LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
     eval_ws_.emplace(state_.model.spec(), rows, false, bf16());
     eval_slot_.reset();
-    eval_slot_.emplace(rows, input_width(), output_width(), loss_ == Loss::mse);
+    eval_slot_.emplace(rows, input_width(), output_width(), loss_ == Loss::mse, false);
   }
   InputSlot& slot = *eval_slot_;
   cudaStream_t s = compute_.get();

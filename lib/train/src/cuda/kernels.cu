@@ -61,6 +61,16 @@ RowShape row_shape(int rows, int units) noexcept {
           dim3(bx, by)};
 }
 
+// max_blocks > 0 caps the row blocks (grid.y) so that the grid holds about that many blocks;
+// rows wider than max_blocks column blocks keep one row block (grid.x is never cut).
+RowShape capped(RowShape sh, int max_blocks) noexcept {
+  if (max_blocks > 0) {
+    const unsigned y = std::max(1u, static_cast<unsigned>(max_blocks) / sh.grid.x);
+    sh.grid.y = std::min(sh.grid.y, y);
+  }
+  return sh;
+}
+
 // ---- device helpers --------------------------------------------------------------------
 
 template <int V>
@@ -688,6 +698,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A row of `units` values of U (16, 4 or 2 bytes) copied as it is: bf16 rows.
+template <class U>
+__global__ void __launch_bounds__(kThreads)
+    gather_units_kernel(const U* __restrict__ src, const std::int64_t* __restrict__ index,
+                        U* __restrict__ dst, int rows, int units) {
+  const int unit = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (unit >= units) return;
+  const auto u = static_cast<std::size_t>(units);
+  for (int r = static_cast<int>(blockIdx.y * blockDim.y + threadIdx.y); r < rows;
+       r += static_cast<int>(gridDim.y * blockDim.y)) {
+    dst[static_cast<std::size_t>(r) * u + static_cast<std::size_t>(unit)] =
+        src[static_cast<std::size_t>(index[r]) * u + static_cast<std::size_t>(unit)];
+  }
+}
+
+template <class U>
+void gather_units(const void* src, const std::int64_t* index, void* dst, int rows, int units,
+                  int max_blocks, cudaStream_t s) {
+  const RowShape sh = capped(row_shape(rows, units), max_blocks);
+  gather_units_kernel<U><<<sh.grid, sh.block, 0, s>>>(static_cast<const U*>(src), index,
+                                                      static_cast<U*>(dst), rows, units);
+}
+
 }  // namespace
 
 // ---- launchers -------------------------------------------------------------------------
@@ -898,25 +931,29 @@ void gather_rows(const float* src, const std::int64_t* index, float* dst, int ro
   if (rows <= 0 || cols <= 0) return;
   const std::int32_t* from_labels = dst_labels != nullptr ? src_labels : nullptr;
   std::int32_t* to_labels = src_labels != nullptr ? dst_labels : nullptr;
-  // max_blocks caps the row blocks (grid.y) so that the grid holds about that many blocks;
-  // rows wider than max_blocks column blocks keep one row block (grid.x is never cut).
-  const auto capped = [&](RowShape sh) {
-    if (max_blocks > 0) {
-      const unsigned y = std::max(1u, static_cast<unsigned>(max_blocks) / sh.grid.x);
-      sh.grid.y = std::min(sh.grid.y, y);
-    }
-    return sh;
-  };
   if (cols % 4 == 0 && aligned(src, 16) && aligned(dst, 16)) {
-    const RowShape sh = capped(row_shape(rows, cols / 4));
+    const RowShape sh = capped(row_shape(rows, cols / 4), max_blocks);
     gather_kernel<4><<<sh.grid, sh.block, 0, s>>>(src, index, dst, rows, cols, from_labels,
                                                   to_labels);
   } else {
-    const RowShape sh = capped(row_shape(rows, cols));
+    const RowShape sh = capped(row_shape(rows, cols), max_blocks);
     gather_kernel<1><<<sh.grid, sh.block, 0, s>>>(src, index, dst, rows, cols, from_labels,
                                                   to_labels);
   }
   LOCUS_CUDA_CHECK_LAUNCH("gather_kernel");
+}
+
+void gather_bf16_rows(const __nv_bfloat16* src, const std::int64_t* index, __nv_bfloat16* dst,
+                      int rows, int cols, cudaStream_t s, int max_blocks) {
+  if (rows <= 0 || cols <= 0) return;
+  if (cols % 8 == 0 && aligned(src, 16) && aligned(dst, 16)) {
+    gather_units<uint4>(src, index, dst, rows, cols / 8, max_blocks, s);
+  } else if (cols % 2 == 0 && aligned(src, 4) && aligned(dst, 4)) {
+    gather_units<unsigned>(src, index, dst, rows, cols / 2, max_blocks, s);
+  } else {
+    gather_units<unsigned short>(src, index, dst, rows, cols, max_blocks, s);
+  }
+  LOCUS_CUDA_CHECK_LAUNCH("gather_units_kernel");
 }
 
 void to_bf16(const float* src, __nv_bfloat16* dst, std::size_t n, cudaStream_t s) {

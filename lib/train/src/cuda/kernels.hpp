@@ -144,6 +144,12 @@ void gather_rows(const float* src, const std::int64_t* index, float* dst, int ro
                  const std::int32_t* src_labels, std::int32_t* dst_labels, cudaStream_t s,
                  int max_blocks = 0);
 
+// The same gather of bf16 rows, without labels (loader.gather = device at bf16: the samples
+// are page-locked as bf16, so a row crosses the host link in 2 bytes a feature, not 4); the
+// bytes are copied as they are, 16 at a time where the row width and the pointers allow.
+void gather_bf16_rows(const __nv_bfloat16* src, const std::int64_t* index, __nv_bfloat16* dst,
+                      int rows, int cols, cudaStream_t s, int max_blocks = 0);
+
 // dst[i] = bf16(src[i]) (round to nearest even).
 void to_bf16(const float* src, __nv_bfloat16* dst, std::size_t n, cudaStream_t s);
 

@@ -90,11 +90,15 @@ void DeviceLayers::gemm(int m, int n, int k, bool ta, bool tb, const void* a, in
 }
 
 void DeviceLayers::forward(const DeviceParams& p, const float* x, int rows, LayerBuffers& a,
-                           bool training, DropoutArgs dropout, cudaStream_t s) {
+                           bool training, DropoutArgs dropout, cudaStream_t s,
+                           const __nv_bfloat16* x_bf16) {
   const void* in_op = x;
   if (bf16()) {
-    to_bf16(x, a.x_bf16.data(), sz(rows, input_width()), s);
-    in_op = a.x_bf16.data();
+    if (x_bf16 == nullptr) {
+      to_bf16(x, a.x_bf16.data(), sz(rows, input_width()), s);
+      x_bf16 = a.x_bf16.data();
+    }
+    in_op = x_bf16;
   }
   dropout.enabled = training && spec_.dropout > 0.0f;
   for (int l = range_.first; l < range_.end; ++l) {
@@ -141,11 +145,13 @@ void DeviceLayers::bias_grad(const DeviceParams& p, int l, const float* g, int r
 
 void DeviceLayers::backward(const DeviceParams& p, const float* x, LayerBuffers& a, float* g,
                             int rows, bool accumulate, float* dx, PassScratch& w,
-                            const GradsReadyFn* ready, cudaStream_t s) {
+                            const GradsReadyFn* ready, cudaStream_t s,
+                            const __nv_bfloat16* x_bf16) {
   const float drop = spec_.dropout;
   const float relu_scale = drop > 0.0f ? 1.0f / (1.0f - drop) : 1.0f;
   const int first = range_.first, top = range_.end - 1;
-  const void* x_op = bf16() ? static_cast<const void*>(a.x_bf16.data()) : x;
+  if (bf16() && x_bf16 == nullptr) x_bf16 = a.x_bf16.data();
+  const void* x_op = bf16() ? static_cast<const void*>(x_bf16) : x;
   __nv_bfloat16* dz_bf16 = bf16() ? w.dz_bf16.data() : nullptr;
   // dZ of the range's top layer: the loss gave it for the logits; a hidden top layer's output
   // gradient still goes through its activation.

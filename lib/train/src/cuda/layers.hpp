@@ -72,9 +72,11 @@ class DeviceLayers {
 
   // Forward of `rows` rows of x ([rows, input width], fp32, device) into a.out (and a.deriv
   // when training; a.x_bf16 / a.out_bf16 in bf16). dropout: seed, step and sample ids; its
-  // layer is set per model layer. Capturable.
+  // layer is set per model layer. x_bf16 (bf16 only; may be null): the input already in bf16,
+  // [rows, input width] -- the first GEMM's operand, x unread and a.x_bf16 unwritten; the
+  // backward of this batch must be given it too. Capturable.
   void forward(const DeviceParams& p, const float* x, int rows, LayerBuffers& a, bool training,
-               DropoutArgs dropout, cudaStream_t s);
+               DropoutArgs dropout, cudaStream_t s, const __nv_bfloat16* x_bf16 = nullptr);
 
   // The loss of the logits a.out.back() (holds_logits()): loss.hpp's sums into *stats and,
   // with dlogits, d(loss)/d(logits) * (*inv_divisor). labels (device, may be null for mse),
@@ -87,11 +89,11 @@ class DeviceLayers {
   // logits' gradient at the model's top, else the post-activation output's -- overwritten.
   // Weight and bias gradients are written into p.grads (accumulate = false) or added to them.
   // dx (may be null) receives d(loss)/d(x) [rows, input width]. ready (may be null): called
-  // for each layer, last first, as soon as its gradient work is enqueued. rows > 0.
-  // Capturable.
+  // for each layer, last first, as soon as its gradient work is enqueued. x_bf16: what the
+  // forward was given. rows > 0. Capturable.
   void backward(const DeviceParams& p, const float* x, LayerBuffers& a, float* g, int rows,
                 bool accumulate, float* dx, PassScratch& w, const GradsReadyFn* ready,
-                cudaStream_t s);
+                cudaStream_t s, const __nv_bfloat16* x_bf16 = nullptr);
 
  private:
   int width(int boundary) const noexcept {

@@ -80,15 +80,16 @@ inline Event make_event() {
 }
 
 // count elements of T on the device (cudaMalloc: 256-byte aligned), or in page-locked host
-// memory (cudaHostAlloc), which asynchronous copies need to overlap with compute.
-template <class T, bool kPinned>
+// memory (cudaHostAlloc with kHostFlags), which asynchronous copies need to overlap with
+// compute.
+template <class T, bool kPinned, unsigned kHostFlags = cudaHostAllocPortable>
 class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(std::size_t count) : count_(count) {
     if (count == 0) return;
     void* p = nullptr;
-    const cudaError_t rc = kPinned ? cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocPortable)
+    const cudaError_t rc = kPinned ? cudaHostAlloc(&p, count * sizeof(T), kHostFlags)
                                    : cudaMalloc(&p, count * sizeof(T));
     if (rc != cudaSuccess) out_of_memory(rc, count * sizeof(T), kPinned);
     data_ = static_cast<T*>(p);
@@ -127,5 +128,8 @@ class Buffer {
 };
 template <class T> using DeviceBuffer = Buffer<T, false>;
 template <class T> using PinnedBuffer = Buffer<T, true>;
+// Page-locked and mapped: kernels read it over the host link (cudaHostGetDevicePointer).
+template <class T>
+using MappedBuffer = Buffer<T, true, cudaHostAllocPortable | cudaHostAllocMapped>;
 
 }  // namespace locus::train::cuda

@@ -7,8 +7,10 @@ namespace {
 std::size_t sz(int a, int b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); }
 }  // namespace
 
-InputSlot::InputSlot(int rows, int input_width, int output_width, bool targets_needed)
-    : x(sz(rows, input_width)),
+InputSlot::InputSlot(int rows, int input_width, int output_width, bool targets_needed,
+                     bool bf16_input)
+    : x(bf16_input ? 0 : sz(rows, input_width)),
+      x_bf16(bf16_input ? sz(rows, input_width) : 0),
       resident_rows(static_cast<std::size_t>(rows)),
       labels(static_cast<std::size_t>(rows)),
       sample_ids(static_cast<std::size_t>(rows)),

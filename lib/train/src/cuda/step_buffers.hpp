@@ -23,8 +23,10 @@ struct PassScalars {
 // The inputs of one step, double-buffered: the copy stream fills slot (k % 2) while the
 // compute stream still reads slot (k - 1) % 2.
 struct InputSlot {
-  InputSlot(int capacity, int input_width, int output_width, bool targets);
+  // bf16_input: the inputs arrive as bf16 (x_bf16; x is then empty).
+  InputSlot(int capacity, int input_width, int output_width, bool targets, bool bf16_input);
   DeviceBuffer<float> x;                     // [rows, input width]
+  DeviceBuffer<__nv_bfloat16> x_bf16;        // [rows, input width] (loader.gather = device, bf16)
   DeviceBuffer<std::int64_t> resident_rows;  // [rows] (device cache, loader.gather = device)
   DeviceBuffer<std::int32_t> labels;         // [rows]
   DeviceBuffer<std::uint64_t> sample_ids;    // [rows] (dropout)

@@ -127,7 +127,9 @@ class Compute {
   // loader.gather = device: x (the loader's resident block, rows x cols, which outlives the
   // backend and never moves) is page-locked and mapped into the device's address space; batches
   // then come as Batch::resident_rows and the device gathers their rows from host memory over
-  // the host link, ahead of their step. ConfigError from a backend without a device.
+  // the host link, ahead of their step; a backend whose first GEMM reads a narrower type (bf16)
+  // may page-lock a converted copy instead, read in fewer bytes. ConfigError from a backend
+  // without a device, or when the memory cannot be page-locked.
   virtual void map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols);
 
   // Where the loader should put its batch buffers so this backend copies them at full speed
