@@ -290,13 +290,16 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
 // whole set under global shuffle) goes to the device once, if it fits the budget.
 void Trainer::Impl::cache_on_device() {
   const ResidentData r = loader->resident();
-  const std::uint64_t bytes = r.x.size_bytes();
+  const int value_bytes = compute->cached_value_bytes();
+  const std::uint64_t bytes = r.x.size() * static_cast<std::uint64_t>(value_bytes);
   require(bytes <= opts.device_cache_bytes,
           fmt::format("loader.device_cache_mb = {} is less than the {:.1f} MiB of training "
-                      "samples this rank holds ({} rows x {} features of {}, shuffle {}): "
-                      "raise loader.device_cache_mb, or set it to 0 to stream batches",
+                      "samples this rank holds ({} rows x {} features of {} bytes, from {}, "
+                      "shuffle {}): raise loader.device_cache_mb, or set it to 0 to stream "
+                      "batches",
                       opts.device_cache_bytes >> 20, static_cast<double>(bytes) / (1 << 20),
-                      r.rows, r.cols, opts.data.path, to_string(opts.data.shuffle)));
+                      r.rows, r.cols, value_bytes, opts.data.path,
+                      to_string(opts.data.shuffle)));
   compute->cache_dataset(r.x, r.rows, r.cols);
 }
 

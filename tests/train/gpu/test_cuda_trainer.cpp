@@ -4,12 +4,14 @@
 // to an uninterrupted one (GPU -> GPU) or within tolerance (CPU <-> GPU). At 2 ranks the
 // gradients go through the host-staged MPI reducer. Without a device every case skips, except
 // the one that checks the refusal itself.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "locus/train/compute.hpp"
@@ -162,6 +164,36 @@ TEST_F(CudaTrainer, DeviceCacheAndDeviceGatherTrainBitwiseLikeTheStreamedPath) {
           EXPECT_EQ(got->steps[i].loss, streamed.steps[i].loss) << what << ", step " << i;
         }
       }
+    }
+  }
+}
+
+// The device cache holds bf16 samples at bf16 (2 bytes a feature): a budget of exactly the
+// rank's samples in bf16 fits there, and the same budget is refused at fp32 and one byte less
+// at bf16, naming what the samples need.
+TEST_F(CudaTrainer, DeviceCacheBudgetCountsTheStoredBytes) {
+  const Grid grid(mpi::Comm::world(), 1);
+  const std::uint64_t values = std::uint64_t{600} * kFeatures;  // global shuffle: every row
+  for (const auto& [precision, budget, fits] :
+       {std::tuple{Precision::bf16, 2 * values, true},
+        std::tuple{Precision::fp32, 2 * values, false},
+        std::tuple{Precision::bf16, 2 * values - 1, false}}) {
+    SCOPED_TRACE(std::string(to_string(precision)) + ", budget " + std::to_string(budget));
+    TrainOptions o = options(data(), "cuda", precision);
+    o.device_cache_bytes = budget;
+    if (fits) {
+      EXPECT_NO_THROW({ const Trainer t(grid, o); });
+      continue;
+    }
+    try {
+      Trainer t(grid, o);
+      ADD_FAILURE() << "a device cache over its budget was accepted";
+    } catch (const ConfigError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(fmt::format("features of {} bytes", precision == Precision::bf16
+                                                                     ? 2 : 4)),
+                std::string::npos) << message;
+      EXPECT_NE(message.find("raise loader.device_cache_mb"), std::string::npos) << message;
     }
   }
 }

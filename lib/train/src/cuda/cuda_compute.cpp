@@ -74,6 +74,7 @@ class CudaCompute final : public Compute {
   void request_step_values() override;
   double take_step_values(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
+  int cached_value_bytes() const noexcept override { return bf16() ? 2 : 4; }
   void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
   void map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
   void prefetch_inputs(const Batch& batch) override;
@@ -90,6 +91,15 @@ class CudaCompute final : public Compute {
   int input_width() const noexcept { return layout().input_width(); }
   int output_width() const noexcept { return layout().output_width(); }
   bool bf16() const noexcept { return options_.precision == Precision::bf16; }
+  // Training batches come as resident row indices, gathered on the device (device cache or
+  // loader.gather = device); at bf16 the rows are gathered in bf16, into the slots' x_bf16.
+  bool resident_batches() const noexcept {
+    return cached_x_.size() > 0 || cached_bf16_.size() > 0 || mapped_x_ != nullptr ||
+           mapped_bf16_ != nullptr;
+  }
+  bool bf16_inputs() const noexcept {
+    return cached_bf16_.size() > 0 || mapped_bf16_ != nullptr;
+  }
   DeviceParams device_params() const noexcept {
     return {dstate_.params(), dstate_.params_bf16(), dstate_.grads(), 0};
   }
@@ -140,9 +150,10 @@ class CudaCompute final : public Compute {
   bool clipped_ = false;
   double options_clip_ = 0;  // this step's clip_max_norm (issue_update)
   std::optional<InputSlot> eval_slot_;
-  // The device cache: the rank's resident rows, batches gathered from it by index.
+  // The device cache: the rank's resident rows, batches gathered from it by index; at bf16
+  // their bf16 conversion instead (half the memory, no conversion per step).
   DeviceBuffer<float> cached_x_;
-  std::int64_t cached_rows_ = 0;
+  DeviceBuffer<__nv_bfloat16> cached_bf16_;
   // loader.gather = device: the loader's resident block, page-locked in place (registered_,
   // unregistered last) and read by the device through mapped_x_; at bf16 its bf16 copy instead
   // (staged_bf16_, read through mapped_bf16_), half the bytes over the host link.
@@ -206,18 +217,36 @@ void CudaCompute::sync_to_host() { dstate_.sync_to_host(compute_.get()); }
 void CudaCompute::cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
   LOCUS_ASSERT(cols == input_width() && x.size() == static_cast<std::size_t>(rows * cols),
                "the cached block must be rows x input width");
+  LOCUS_ASSERT(!resident_batches(), "a dataset is cached once, and not beside a mapped one");
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
-  cached_x_ = DeviceBuffer<float>(x.size());
-  LOCUS_CUDA_CHECK(cudaMemcpy(cached_x_.data(), x.data(), x.size_bytes(), cudaMemcpyHostToDevice));
-  cached_rows_ = rows;
+  LOCUS_CUDA_CHECK(cudaStreamSynchronize(copy_.get()));
+  if (bf16()) {
+    // Converted on the host exactly as the device would each batch (host_bf16.hpp), through a
+    // page-locked staging buffer of at most 32 MiB (cudaMemcpy from it returns once copied).
+    cached_bf16_ = DeviceBuffer<__nv_bfloat16>(x.size());
+    constexpr std::size_t kChunk = std::size_t{1} << 24;
+    PinnedBuffer<std::uint16_t> staging(std::min(kChunk, x.size()));
+    for (std::size_t at = 0; at < x.size(); at += kChunk) {
+      const std::size_t n = std::min(kChunk, x.size() - at);
+      to_bf16_host(x.data() + at, staging.data(), n);
+      LOCUS_CUDA_CHECK(cudaMemcpy(cached_bf16_.data() + at, staging.data(),
+                                  n * sizeof(std::uint16_t), cudaMemcpyHostToDevice));
+    }
+  } else {
+    cached_x_ = DeviceBuffer<float>(x.size());
+    LOCUS_CUDA_CHECK(
+        cudaMemcpy(cached_x_.data(), x.data(), x.size_bytes(), cudaMemcpyHostToDevice));
+  }
+  // The slots and graphs are made again for the batches' new form at the next step.
   pass_graphs_.clear();
+  slots_.clear();
+  slot_capacity_ = 0;
 }
 
 void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
   LOCUS_ASSERT(cols == input_width() && x.size() == static_cast<std::size_t>(rows * cols),
                "the mapped block must be rows x input width");
-  LOCUS_ASSERT(registered_ == nullptr && mapped_bf16_ == nullptr && cached_x_.size() == 0,
-               "a dataset is mapped once, and not beside a device cache");
+  LOCUS_ASSERT(!resident_batches(), "a dataset is mapped once, and not beside a device cache");
   LOCUS_ASSERT(slot_capacity_ == 0, "a dataset is mapped before the first step");
   if (x.empty()) return;  // a rank without rows has no batches to gather
   auto refuse = [&](cudaError_t rc, const char* call) {
@@ -276,7 +305,7 @@ void CudaCompute::ensure_capacity(int rows) {
   slots_.clear();
   for (int i = 0; i < 2; ++i) {
     slots_.emplace_back(capacity, input_width(), output_width(), loss_ == Loss::mse,
-                        mapped_bf16_ != nullptr);
+                        bf16_inputs());
   }
   train_ws_.emplace(state_.model.spec(), capacity, true, bf16());
   slot_capacity_ = capacity;
@@ -300,7 +329,7 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   auto h2d = [&](void* dst, const void* src, std::size_t bytes) {
     if (bytes > 0) LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
   };
-  if (cached_x_.size() > 0 || mapped_x_ != nullptr || mapped_bf16_ != nullptr) {
+  if (resident_batches()) {
     LOCUS_ASSERT(b.x.empty() && b.resident_rows.size() == static_cast<std::size_t>(b.rows),
                  "a cached or mapped dataset's batches come as resident row indices");
     h2d(slot.resident_rows.data(), b.resident_rows.data(), b.resident_rows.size_bytes());
@@ -352,15 +381,18 @@ void CudaCompute::issue_pass(StepBuffers& w, const InputSlot& slot, int rows, bo
   if (training && cached_x_.size() > 0) {  // the batch's rows from the device cache
     gather_rows(cached_x_.data(), slot.resident_rows.data(), slot.x.data(), rows, input_width(),
                 nullptr, nullptr, s);
+  } else if (training && cached_bf16_.size() > 0) {
+    gather_bf16_rows(cached_bf16_.data(), slot.resident_rows.data(), slot.x_bf16.data(), rows,
+                     input_width(), s);
   }
   DropoutArgs dropout;
   dropout.p = spec.dropout;
   dropout.seed = spec.seed;
   dropout.step = &pass_scalars_.device()->step;
   dropout.sample_ids = slot.sample_ids.data();
-  // Training batches of a bf16 mapped dataset arrive in bf16 (evaluation's come as fp32).
-  const __nv_bfloat16* x_bf16 =
-      training && mapped_bf16_ != nullptr ? slot.x_bf16.data() : nullptr;
+  // Training batches of a bf16 cached or mapped dataset are in bf16 now (evaluation's come as
+  // fp32 from the host).
+  const __nv_bfloat16* x_bf16 = training && bf16_inputs() ? slot.x_bf16.data() : nullptr;
   const DeviceParams p = device_params();
   layers_.forward(p, x, rows, w.acts, training, dropout, s, x_bf16);
   float* dlogits = training ? w.scratch.out_grad.data() : nullptr;
