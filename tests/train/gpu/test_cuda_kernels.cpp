@@ -6,15 +6,18 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <numbers>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "cuda/cublaslt_api.hpp"
+#include "cuda/host_bf16.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/matmul.hpp"
 #include "cuda_kernels_util.hpp"
@@ -629,6 +632,29 @@ TEST_F(CudaKernels, ToBf16RoundsToNearestEven) {
       EXPECT_TRUE(bf16_of(dst.download(), v));
       EXPECT_TRUE(dst.intact());
     }
+  }
+}
+
+// The device's conversion gives exactly the host's (host_bf16.hpp, which the bf16 device cache
+// and loader.gather = device use in its place): the same bits for every value, NaNs with any
+// payload or sign included (both give 0x7fff).
+TEST_F(CudaKernels, ToBf16GivesTheHostConversionsBits) {
+  std::vector<float> v = uniform(4096, -1e3f, 1e3f, 99);
+  const std::uint32_t specials[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,
+                                    0x7fbfffffu, 0x7f80ffffu, 0x00000001u, 0x807fffffu,
+                                    0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu};
+  for (std::size_t i = 0; i < std::size(specials); ++i) {
+    v[i] = std::bit_cast<float>(specials[i]);
+  }
+  Dev<float> src(v);
+  Dev<Bf16Bits> dst(v.size());
+  dst.poison();
+  to_bf16(src.get(), bf(dst), v.size(), stream_);
+  sync();
+  const auto got = dst.download();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    ASSERT_EQ(got[i], locus::train::cuda::bf16_bits(v[i]))
+        << "element " << i << ", float bits 0x" << std::hex << std::bit_cast<std::uint32_t>(v[i]);
   }
 }
 

@@ -198,6 +198,27 @@ TEST_F(CudaTrainer, DeviceCacheBudgetCountsTheStoredBytes) {
   }
 }
 
+// A global batch of 1 row: at 2 ranks rank 1 has no rows in any step, from the first one on,
+// and still takes part (zero gradients, the reduction, the update) whether its batches come
+// from the host, the device cache or the device gather: the weights match the CPU's and are
+// the same on every rank.
+TEST_F(CudaTrainer, ARankWithoutRowsInEveryStepTakesPart) {
+  TrainOptions o = options(data(), "cpu");
+  o.data.global_batch = 1;
+  o.max_steps = 12;
+  const Outcome cpu = train(o);
+  o.compute.backend = "cuda";
+  for (const int mode : {0, 1, 2}) {
+    SCOPED_TRACE(mode == 0 ? "streamed" : mode == 1 ? "device cache" : "device gather");
+    o.device_cache_bytes = mode == 1 ? std::uint64_t{64} << 20 : 0;
+    o.device_gather = mode == 2;
+    const Outcome gpu = train(o);
+    EXPECT_LE(relative(gpu.params, cpu.params), 1e-4);
+    EXPECT_TRUE(same_on_all_ranks(mpi::Comm::world(), gpu.params));
+    ASSERT_EQ(gpu.steps.size(), cpu.steps.size());
+  }
+}
+
 // Stop mid-epoch, restore the host state into a new trainer (what a checkpoint resume does),
 // continue: GPU -> GPU bitwise; CPU -> GPU and GPU -> CPU within the fp32 tolerance.
 TEST_F(CudaTrainer, ResumeOnTheGpu) {

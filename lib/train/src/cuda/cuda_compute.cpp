@@ -237,6 +237,9 @@ void CudaCompute::cache_dataset(std::span<const float> x, std::int64_t rows, std
     LOCUS_CUDA_CHECK(
         cudaMemcpy(cached_x_.data(), x.data(), x.size_bytes(), cudaMemcpyHostToDevice));
   }
+  // From pageable memory cudaMemcpy may return before its DMA has landed, and the streams
+  // that read the cache are not ordered after the legacy stream's copy.
+  LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
   // The slots and graphs are made again for the batches' new form at the next step.
   pass_graphs_.clear();
   slots_.clear();
@@ -267,6 +270,7 @@ void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::
     try {
       staged_bf16_ = MappedBuffer<__nv_bfloat16>(x.size());
     } catch (const CudaError& e) {
+      cudaGetLastError();  // not sticky: clear it, or the next launch check would report it
       throw ConfigError(fmt::format(
           "loader.gather = device at train.precision = bf16 keeps a page-locked bf16 copy of "
           "the samples this rank holds ({:.1f} MiB), which could not be allocated: {}; set "
@@ -297,7 +301,8 @@ void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::
 }
 
 void CudaCompute::ensure_capacity(int rows) {
-  if (rows <= slot_capacity_) return;
+  // A first step without rows on this rank still needs its slots (capacity 1).
+  if (!slots_.empty() && rows <= slot_capacity_) return;
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(copy_.get()));
   const int capacity = std::max(rows, 1);
