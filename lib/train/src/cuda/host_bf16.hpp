@@ -1,9 +1,9 @@
 // Private to the CUDA backend: float -> bf16 on the host, bit for bit what the device's
 // __float2bfloat16_rn (kernels.cu to_bf16, PTX cvt.rn.bf16.f32) gives for every number: round
-// to nearest, ties to even, subnormals kept, overflow to infinity; NaN becomes 0x7fff, the
-// canonical NaN of cuda_bf16.h's host path. A block converted here once (loader.gather = device
-// at bf16) feeds the first GEMM exactly the operand the device's own conversion of each batch
-// would, at half the bytes over the host link.
+// to nearest, ties to even, subnormals kept, overflow to infinity; a NaN becomes 0x7fff, as in
+// cuda_bf16.h's host path (the device gives a NaN too; its payload is the hardware's). A block
+// converted here once (the device cache and loader.gather = device, at bf16) feeds the first
+// GEMM exactly the operand the device's own conversion of each batch would, in half the bytes.
 #pragma once
 
 #include <bit>
