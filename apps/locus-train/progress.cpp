@@ -35,6 +35,7 @@ void Progress::header(const train::Trainer& t) const {
                  : fmt::format("betas {:g},{:g}", o.optimizer.beta1, o.optimizer.beta2),
              o.schedule.base_lr, train::to_string(o.schedule.kind), train::to_string(o.loss));
   fmt::print("  gradient reduction: {}\n", t.reduction_description());
+  fmt::print("  data: {}\n", t.data_description());
   if (o.pipeline_stages > 1 || t.grid().world().size() > 1) {
     fmt::print("  layout: {}\n", t.grid().layout());
   }

@@ -78,6 +78,11 @@ def test_trains_writes_model_and_metrics(r, tmp):
     prepare(r, tmp)
     p = train(r, tmp)
     expect_exit(p, 0, "epoch   6/6", "test accuracy", "model written to tiny-model.h5")
+    # The start-up lines say where the samples are: tiny.ini shuffles globally, so every rank
+    # holds the whole set.
+    with h5py.File(os.path.join(tmp, "tiny-train.h5"), "r") as f:
+        rows = int(f.attrs["committed_rows"])
+    expect_exit(p, 0, f"data: the whole set in memory on every rank ({rows} rows, ")
     acc = reported_accuracy(p)
     check(acc > 0.6, f"test accuracy {acc} is barely above chance (0.25)", p)
     tensors, attrs = load_model(os.path.join(tmp, "tiny-model.h5"))

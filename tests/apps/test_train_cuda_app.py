@@ -1,6 +1,6 @@
 """locus-train with train.backend = cuda end to end under mpiexec on configs/tiny.ini (label gpu):
 the GPU run against the CPU reference (weights and accuracy within tolerance), bitwise the same
-with and without CUDA graphs and with the device cache, SIGTERM to one rank mid-epoch then
+with and without CUDA graphs, with the device cache and with the device gather (fp32 and bf16), SIGTERM to one rank mid-epoch then
 --resume=auto bitwise equal to an uninterrupted GPU run, and a GPU checkpoint resumed on the CPU
 and a CPU checkpoint on the GPU (each said on resume, each within tolerance). At 2 ranks on a
 1-GPU host both ranks share the device and the gradients go through the host-staged reducer.
@@ -79,16 +79,33 @@ def test_cuda_trains_like_the_cpu(r, tmp):
 
 
 def test_graphs_and_device_cache_give_the_same_bits(r, tmp):
+    """Graphs or not, batches streamed, cached on the GPU or gathered by it from host memory:
+    the same bits, in fp32 and in bf16 (where the cache and the gather hold bf16 samples, as
+    the start-up line `data:` says)."""
     prepare(r, tmp)
-    runs = {"graphs": [], "eager": ["--train.graphs=false"],
-            "cached": ["--loader.device_cache_mb=16"]}
-    for name, extra in runs.items():
+    bf16 = ["--train.precision=bf16"]
+    cache, gather = ["--loader.device_cache_mb=16"], ["--loader.gather=device"]
+    # name: (options, the run it must equal, what its `data:` line says)
+    runs = {"graphs": ([], None, "; copied to the GPU as page-locked batches"),
+            "eager": (["--train.graphs=false"], "graphs", None),
+            "cached": (cache, "graphs", "; cached on the GPU ("),
+            "mapped": (gather, "graphs", "; gathered by the GPU over the host link, page-locked "
+                                         "in place"),
+            "bf16": (bf16, None, "; copied to the GPU as page-locked batches"),
+            "bf16-cached": (bf16 + cache, "bf16", "; cached on the GPU as bf16 ("),
+            "bf16-mapped": (bf16 + gather, "bf16", "; gathered by the GPU over the host link "
+                                                   "from a page-locked bf16 copy (")}
+    for name, (extra, _, says) in runs.items():
         p = train(r, tmp, *CUDA, *extra, f"--train.output={name}.h5",
                   f"--train.metrics={name}.jsonl")
-        expect_exit(p, 0)
-    want = step_lines(os.path.join(tmp, "graphs.jsonl"))
-    for name in ("eager", "cached"):
-        expect_same_model(os.path.join(tmp, f"{name}.h5"), os.path.join(tmp, "graphs.h5"), name)
+        expect_exit(p, 0, *(["  data: the whole set in memory on every rank ("] +
+                            ([says] if says else [])))
+    for name, (_, same_as, _) in runs.items():
+        if same_as is None:
+            continue
+        want = step_lines(os.path.join(tmp, f"{same_as}.jsonl"))
+        expect_same_model(os.path.join(tmp, f"{name}.h5"), os.path.join(tmp, f"{same_as}.h5"),
+                          name)
         expect_same_steps(step_lines(os.path.join(tmp, f"{name}.jsonl")), want, name)
 
 

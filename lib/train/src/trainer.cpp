@@ -290,7 +290,7 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
 // whole set under global shuffle) goes to the device once, if it fits the budget.
 void Trainer::Impl::cache_on_device() {
   const ResidentData r = loader->resident();
-  const int value_bytes = compute->cached_value_bytes();
+  const int value_bytes = compute->sample_value_bytes();
   const std::uint64_t bytes = r.x.size() * static_cast<std::uint64_t>(value_bytes);
   require(bytes <= opts.device_cache_bytes,
           fmt::format("loader.device_cache_mb = {} is less than the {:.1f} MiB of training "
@@ -416,6 +416,49 @@ std::string Trainer::reduction_description() const {
   const Impl& m = *impl_;
   if (m.pipeline != nullptr) return m.pipeline->stage().reducer().reduction();
   return m.reducer->reduction();
+}
+std::string Trainer::data_description() const {
+  const Impl& m = *impl_;
+  if (m.loader == nullptr) return "read by the replica's first pipeline stage";
+  const ResidentData r = m.loader->resident();
+  const auto size = [](std::uint64_t bytes) {
+    return bytes < (1 << 20) ? fmt::format("{:.1f} KiB", static_cast<double>(bytes) / 1024)
+                             : fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+  };
+  std::string text;
+  switch (m.loader->residency()) {
+    case Residency::partition:
+      text = fmt::format("this rank's partition in memory ({} rows, {})", r.rows,
+                         size(r.x.size_bytes()));
+      break;
+    case Residency::dataset:
+      text = fmt::format("the whole set in memory on every rank ({} rows, {})", r.rows,
+                         size(r.x.size_bytes()));
+      break;
+    case Residency::streamed:
+      text = fmt::format("this rank's partition read from the file in windows (larger than "
+                         "loader.memory_budget_mb = {})", m.opts.data.memory_budget >> 20);
+      break;
+    case Residency::per_batch:
+      text = fmt::format("each batch read from the file (the set is larger than "
+                         "loader.memory_budget_mb = {})", m.opts.data.memory_budget >> 20);
+      break;
+  }
+  if (m.opts.compute.backend == "cpu" || m.compute == nullptr) return text;
+  const int value_bytes = m.compute->sample_value_bytes();
+  const std::uint64_t kept = r.x.size() * static_cast<std::uint64_t>(value_bytes);
+  const char* as = value_bytes == 2 ? " as bf16" : "";
+  if (m.opts.device_cache_bytes > 0) {
+    return text + fmt::format("; cached on the GPU{} ({})", as, size(kept));
+  }
+  if (m.opts.device_gather) {
+    return text + (value_bytes == 2 ? fmt::format("; gathered by the GPU over the host link "
+                                                  "from a page-locked bf16 copy ({})",
+                                                  size(kept))
+                                    : std::string("; gathered by the GPU over the host link, "
+                                                  "page-locked in place"));
+  }
+  return text + "; copied to the GPU as page-locked batches";
 }
 const Grid& Trainer::grid() const noexcept { return impl_->grid; }
 std::int64_t Trainer::steps_per_epoch() const noexcept { return impl_->steps_per_epoch; }

@@ -74,7 +74,7 @@ class CudaCompute final : public Compute {
   void request_step_values() override;
   double take_step_values(std::vector<LossStats>& out) override;
   LossStats evaluate(const Batch& batch) override;
-  int cached_value_bytes() const noexcept override { return bf16() ? 2 : 4; }
+  int sample_value_bytes() const noexcept override { return bf16() ? 2 : 4; }
   void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
   void map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
   void prefetch_inputs(const Batch& batch) override;

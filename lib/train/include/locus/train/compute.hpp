@@ -124,8 +124,9 @@ class Compute {
   // the rest of its life; batches then come as Batch::resident_rows instead of x. ConfigError
   // from a backend without such a cache, or when it does not fit.
   virtual void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols);
-  // Bytes a cached feature takes in that memory (4; a backend may keep them narrower).
-  virtual int cached_value_bytes() const noexcept { return 4; }
+  // Bytes a feature takes where the backend keeps the samples of cache_dataset() or its copy
+  // of map_dataset()'s (4; a backend whose GEMMs read a narrower type may keep them so).
+  virtual int sample_value_bytes() const noexcept { return 4; }
   // loader.gather = device: x (the loader's resident block, rows x cols, which outlives the
   // backend and never moves) is page-locked and mapped into the device's address space; batches
   // then come as Batch::resident_rows and the device gathers their rows from host memory over
