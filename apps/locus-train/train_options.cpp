@@ -189,7 +189,8 @@ void TrainSettings::register_options(Config& c) {
         in_range(std::int64_t{0}, 64));
   c.add("loader.device_cache_mb", device_cache_mb,
         "cuda: MiB of GPU memory for this rank's training samples (its partition under local "
-        "shuffle, the whole set under global); they are copied to the GPU once and batches are "
+        "shuffle, the whole set under global; 4 bytes a feature, 2 at precision bf16); they "
+        "are copied to the GPU once and batches are "
         "gathered there; samples that do not fit are a configuration error naming the size "
         "(0: stream every batch from pinned host memory; cpu backend: must be 0)",
         in_range(std::int64_t{0}, std::int64_t{1} << 30));
@@ -198,7 +199,8 @@ void TrainSettings::register_options(Config& c) {
                "host (the loader's threads copy them into page-locked batches, which go to the "
                "GPU) or device (the samples are page-locked in place once and a kernel reads "
                "each batch's rows straight from host memory over the host link, ahead of its "
-               "step; not with loader.device_cache_mb)");
+               "step; at precision bf16 a page-locked bf16 copy of them instead, half their "
+               "size, converted once; not with loader.device_cache_mb)");
   c.add("loader.background", background,
         "read ahead on a producer thread (false: read inside the step, on the training thread)");
   c.add("eval.batch", eval_batch, "global rows per evaluation batch",

@@ -111,6 +111,21 @@ Stream make_stream_with(int priority) {
   return Stream(s);
 }
 
+// Every gathered row equals its host row (batch rows of `width` values of T in dst).
+template <class T>
+void check_rows(const T* host, const T* dst, const std::vector<std::int64_t>& idx,
+                std::size_t width, int batch, int cap, const char* what) {
+  std::vector<T> got(idx.size() * width);
+  LOCUS_CUDA_CHECK(cudaMemcpy(got.data(), dst, got.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  for (std::size_t r = 0; r < idx.size(); ++r) {
+    const T* want = host + static_cast<std::size_t>(idx[r]) * width;
+    if (std::memcmp(got.data() + r * width, want, width * sizeof(T)) != 0) {
+      throw InternalError(fmt::format("batch {} cap {}: {} row {} differs from host row {}",
+                                      batch, cap, what, r, idx[r]));
+    }
+  }
+}
+
 struct Beside {
   double gather_gbs = 0, gemm_slowdown = 0;
 };
@@ -248,32 +263,15 @@ int main(int argc, char** argv) {
         });
         // Every row arrived (the last run's output).
         LOCUS_CUDA_CHECK(cudaStreamSynchronize(base.get()));
-        std::vector<float> got(static_cast<std::size_t>(batch) * width);
-        LOCUS_CUDA_CHECK(cudaMemcpy(got.data(), dst.data(), got.size() * sizeof(float),
-                                    cudaMemcpyDeviceToHost));
-        for (std::size_t r = 0; r < idx.size(); ++r) {
-          const float* want = host.data() + static_cast<std::size_t>(idx[r]) * width;
-          if (std::memcmp(got.data() + r * width, want, width * sizeof(float)) != 0) {
-            throw InternalError(fmt::format("batch {} cap {}: row {} differs from host row {}",
-                                            batch, cap, r, idx[r]));
-          }
-        }
+        check_rows(host.data(), dst.data(), idx, width, batch, cap, "fp32");
         const double bf16_ms = timed(base.get(), warmup, iters, [&] {
           gather_bf16_rows(mapped_bf16, index.data(), dst_bf16.data(), batch, cols, base.get(),
                            cap);
         });
         LOCUS_CUDA_CHECK(cudaStreamSynchronize(base.get()));
-        std::vector<std::uint16_t> got16(static_cast<std::size_t>(batch) * width);
-        LOCUS_CUDA_CHECK(cudaMemcpy(got16.data(), dst_bf16.data(),
-                                    got16.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost));
-        for (std::size_t r = 0; r < idx.size(); ++r) {
-          const auto* want = reinterpret_cast<const std::uint16_t*>(host_bf16.data()) +
-                             static_cast<std::size_t>(idx[r]) * width;
-          if (std::memcmp(got16.data() + r * width, want, width * sizeof(std::uint16_t)) != 0) {
-            throw InternalError(fmt::format("batch {} cap {}: bf16 row {} differs from host row "
-                                            "{}", batch, cap, r, idx[r]));
-          }
-        }
+        check_rows(reinterpret_cast<const std::uint16_t*>(host_bf16.data()),
+                   reinterpret_cast<const std::uint16_t*>(dst_bf16.data()), idx, width, batch,
+                   cap, "bf16");
         // Gathers for about 1.2 windows: the whole GEMM loop runs beside them.
         const int gathers =
             std::max(1, static_cast<int>(1.2 * window_ms / std::max(alone_ms, 1e-3)));
