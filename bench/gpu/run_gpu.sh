@@ -235,25 +235,34 @@ elif ((gpu)); then
     mkdir -p "$work/scratch"
     # The NCCL reducer and stage link, and the trainers over them (2 stages: NCCL link bitwise
     # the host-staged one; every pipeline test there goes through NCCL, three communicators per
-    # trainer over sockets, hence the longer limit); the link once more as a 4-rank pipeline.
-    # Each entry: binary:ranks:seconds (HOSTID_TEST_TIMEOUT overrides the seconds).
+    # trainer over sockets, hence the longer limit); the pipeline's labels past MPI's eager
+    # limit once more with MPI over TCP (a send left pending there needs its rank's progress);
+    # the link once more as a 4-rank pipeline.
+    # Each entry: binary:ranks:seconds[:gtest filter[:tcp]] (HOSTID_TEST_TIMEOUT overrides the
+    # seconds; tcp: Open MPI's ob1 over TCP on loopback instead of shared memory).
     # A soft budget (HOSTID_BUDGET_S, default 240 s) as in the tests phase: nothing starts after
     # it, and each limit shrinks so that the phase ends within it + 30 s (at least 30 s each).
     t0=$SECONDS hb=${HOSTID_BUDGET_S:-240}
     for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_cuda_trainer:2:90 \
-                test_cuda_pipeline:2:150 test_nccl_link:4:90; do
-      IFS=: read -r t n limit <<< "$spec"
+                test_cuda_pipeline:2:150 'test_cuda_pipeline:2:60:*EagerLimit*:tcp' \
+                test_nccl_link:4:90; do
+      IFS=: read -r t n limit filter transport <<< "$spec"
       [[ -x $bundle/tests/$t ]] || continue
+      name=$t.hostid${transport:+-$transport}.np$n
       if ((SECONDS - t0 > hb)); then
-        printf '%s\t%s\tnot run\t-\t-\t-\t-\n' "$t.hostid.np$n" "$n" >> "$tests_tsv"; continue
+        printf '%s\t%s\tnot run\t-\t-\t-\t-\n' "$name" "$n" >> "$tests_tsv"; continue
       fi
       limit=${HOSTID_TEST_TIMEOUT:-$limit}
       left=$((hb + 30 - (SECONDS - t0)))
       ((left < limit)) && limit=$((left < 30 ? 30 : left))
-      tl=$work/tests/$t.hostid.np$n.log s=$SECONDS
-      (cd "$work/scratch" && run_mpi "$n" "$limit" "$here/hostid_rank.sh" \
-         "$bundle/tests/$t" --gtest_brief=1 --gtest_color=no) > "$tl" 2>&1 < /dev/null
-      record_gtest "$t.hostid.np$n" "$n" "$?" "$tl" "$s"
+      tl=$work/tests/$name.log s=$SECONDS
+      (cd "$work/scratch" || exit 1
+       if [[ $transport == tcp ]]; then
+         export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo
+       fi
+       run_mpi "$n" "$limit" "$here/hostid_rank.sh" "$bundle/tests/$t" --gtest_brief=1 \
+         --gtest_color=no ${filter:+"--gtest_filter=$filter"}) > "$tl" 2>&1 < /dev/null
+      record_gtest "$name" "$n" "$?" "$tl" "$s"
     done
     # The host's cost of enqueueing each NCCL call at 2 ranks (world size 1 takes a shortcut):
     # the reducer's non-blocking communicator against a blocking one. The device times of this

@@ -105,6 +105,15 @@ double relative(std::span<const float> a, std::span<const float> b) {
   return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
 }
 
+// Where the trainer's stage link is not NCCL (`link`: its description): a skip, or a failure
+// under LOCUS_REQUIRE_NCCL=1 (bench/gpu/hostid_rank.sh, where NCCL must run).
+void skip_without_nccl(const std::string& link) {
+  const char* require = std::getenv("LOCUS_REQUIRE_NCCL");
+  if (require != nullptr && std::string(require) == "1")
+    FAIL() << "LOCUS_REQUIRE_NCCL=1, but the NCCL link did not run: " << link;
+  GTEST_SKIP() << "the NCCL link did not run here: " << link;
+}
+
 // The cuda pipeline against the cpu pipeline of the same options, on the same grid.
 void expect_matches_cpu(const TrainOptions& cuda_options, double tol = 1e-3) {
   TrainOptions cpu_options = cuda_options;
@@ -228,11 +237,46 @@ TEST_F(CudaPipeline, NcclLinkTrainsBitwiseAsTheHostStagedLink) {
       EXPECT_EQ(nccl.epochs[e].eval.loss, staged.epochs[e].eval.loss) << "epoch " << e;
     }
   }
-  if (!refused.empty()) {
-    const char* require = std::getenv("LOCUS_REQUIRE_NCCL");  // bench/gpu/hostid_rank.sh
-    if (require != nullptr && std::string(require) == "1")
-      FAIL() << "LOCUS_REQUIRE_NCCL=1, but the NCCL link did not run: " << refused;
-    GTEST_SKIP() << "the NCCL link did not run here: " << refused;
+  if (!refused.empty()) skip_without_nccl(refused);
+}
+
+// A step's labels (and mse targets) go from stage 0 to the last stage by MPI beside the NCCL
+// link. At 20000 rows they are past MPI's eager limit (64 KiB over TCP; 4 KiB between processes
+// without single-copy), where a send left pending moves only while its rank calls MPI: stage 0,
+// waiting over the NCCL link for the gradients that follow the last stage's loss, did not, and
+// the step waited for the link's timeout. Bitwise the host-staged link's training, cross
+// entropy and mse; run_gpu.sh runs it once more with MPI over TCP (bench/gpu/hostid_rank.sh).
+TEST_F(CudaPipeline, NcclLinkCarriesLabelsAndTargetsPastMpisEagerLimit) {
+  if (world_size() != 2) GTEST_SKIP() << "a 2-stage pipeline runs at 2 ranks";
+  const std::string wide = data().dir.file("wide.h5");
+  make_dataset(mpi::Comm::world(), wide, 20000, 31);
+  for (const Loss loss : {Loss::softmax_cross_entropy, Loss::mse}) {
+    SCOPED_TRACE(std::string(to_string(loss)));
+    TrainOptions o = options(data(), "cuda", 2, 2, PipelineSchedule::one_f_one_b);
+    if (loss == Loss::mse) o = adamw_mse(o);
+    o.data.path = wide;
+    o.data.global_batch = 20000;  // labels 80 KB, targets 320 KB a step
+    o.epochs = 3;  // one step an epoch
+    o.max_steps = 3;
+    o.schedule.warmup_steps = 1;
+    o.stage_link.backend = comm::LinkBackend::mpi;
+    const StageRun staged = train(o);
+    o.stage_link.backend = comm::LinkBackend::automatic;
+    const Grid grid(mpi::Comm::world(), 2);
+    Trainer t(grid, o);
+    if (const std::string link = t.link_description(); link.rfind("nccl", 0) != 0) {
+      skip_without_nccl(link);
+      return;
+    }
+    Recorder rec;
+    t.train(&rec);
+    const StageRun nccl = finish(t, rec);
+    EXPECT_EQ(nccl.params, staged.params);
+    ASSERT_EQ(nccl.steps.size(), 3u);
+    ASSERT_EQ(staged.steps.size(), 3u);
+    for (std::size_t i = 0; i < staged.steps.size(); ++i) {
+      EXPECT_EQ(nccl.steps[i].loss, staged.steps[i].loss) << "step " << i;
+    }
   }
 }
 

@@ -30,10 +30,6 @@ inline double seconds_since(PipelineClock::time_point t) {
   return std::chrono::duration<double>(PipelineClock::now() - t).count();
 }
 
-inline void wait(MPI_Request& r) {
-  if (r != MPI_REQUEST_NULL) LOCUS_MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
-}
-
 inline std::size_t sz(int a, int b) {
   return static_cast<std::size_t>(a) * static_cast<std::size_t>(b);
 }
@@ -132,7 +128,6 @@ struct PipelineStage::Impl {
   std::vector<float> target_buf;
   std::span<const std::int32_t> labels;
   std::span<const float> targets;
-  MPI_Request label_req = MPI_REQUEST_NULL, target_req = MPI_REQUEST_NULL;
   double divisor = 1.0;  // the step's grad_divisor (1 in evaluation)
   struct SendBuffer {
     std::unique_ptr<detail::LayerBuffer> data;  // the backend's memory

@@ -23,7 +23,6 @@ using detail::kLabelTag;
 using detail::kTargetTag;
 using detail::seconds_since;
 using detail::sz;
-using detail::wait;
 using Clock = detail::PipelineClock;
 
 namespace {
@@ -154,29 +153,39 @@ void PipelineStage::Impl::begin(const PipelineBatch& b, bool training, double gr
   if (stages == 1) {
     labels = b.labels;
     targets = b.targets;
-  } else if (stage == 0) {
+  } else if (stage == 0 || stage == stages - 1) {
+    // Sent and received here, while both ranks are in MPI (the header's broadcast brought them
+    // to this step): a send left pending moves only while its rank calls MPI, and over an NCCL
+    // link stage 0 may call MPI next only after the last stage's gradients, which follow the
+    // loss that needs these labels. Past the eager limit (a few KiB between processes without
+    // single-copy, any size over TCP before the pair's first connection) that waited for the
+    // reducer's timeout.
+    const auto t = Clock::now();
     const int last = stages - 1;
-    if (has_labels) {
-      LOCUS_MPI_CHECK(
-          MPI_Isend(b.labels.data(), rows, MPI_INT32_T, last, kLabelTag, pp.get(), &label_req));
+    if (stage == 0) {
+      if (has_labels) {
+        LOCUS_MPI_CHECK(
+            MPI_Send(b.labels.data(), rows, MPI_INT32_T, last, kLabelTag, pp.get()));
+      }
+      if (has_targets) {
+        LOCUS_MPI_CHECK(MPI_Send(b.targets.data(), static_cast<int>(b.targets.size()),
+                                 MPI_FLOAT, last, kTargetTag, pp.get()));
+      }
+    } else {
+      if (has_labels) {
+        label_buf.resize(static_cast<std::size_t>(rows));
+        LOCUS_MPI_CHECK(MPI_Recv(label_buf.data(), rows, MPI_INT32_T, 0, kLabelTag, pp.get(),
+                                 MPI_STATUS_IGNORE));
+        labels = label_buf;
+      }
+      if (has_targets) {
+        target_buf.resize(sz(rows, layout.output_width()));
+        LOCUS_MPI_CHECK(MPI_Recv(target_buf.data(), static_cast<int>(target_buf.size()),
+                                 MPI_FLOAT, 0, kTargetTag, pp.get(), MPI_STATUS_IGNORE));
+        targets = target_buf;
+      }
     }
-    if (has_targets) {
-      LOCUS_MPI_CHECK(MPI_Isend(b.targets.data(), static_cast<int>(b.targets.size()), MPI_FLOAT,
-                                last, kTargetTag, pp.get(), &target_req));
-    }
-  } else if (stage == stages - 1) {
-    if (has_labels) {
-      label_buf.resize(static_cast<std::size_t>(rows));
-      LOCUS_MPI_CHECK(
-          MPI_Irecv(label_buf.data(), rows, MPI_INT32_T, 0, kLabelTag, pp.get(), &label_req));
-      labels = label_buf;
-    }
-    if (has_targets) {
-      target_buf.resize(sz(rows, layout.output_width()));
-      LOCUS_MPI_CHECK(MPI_Irecv(target_buf.data(), static_cast<int>(target_buf.size()), MPI_FLOAT,
-                                0, kTargetTag, pp.get(), &target_req));
-      targets = target_buf;
-    }
+    cur.wait_s += seconds_since(t);
   }
 }
 
@@ -243,12 +252,6 @@ void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, b
 }
 
 LossStats PipelineStage::Impl::loss_of(int m, bool want_grad) {
-  if (label_req != MPI_REQUEST_NULL || target_req != MPI_REQUEST_NULL) {
-    const auto t = Clock::now();
-    wait(label_req);
-    wait(target_req);
-    cur.wait_s += seconds_since(t);
-  }
   ActivationSlot& s = *by_mb[static_cast<std::size_t>(m)];
   const std::size_t classes = static_cast<std::size_t>(layout.output_width());
   const auto first = static_cast<std::size_t>(offset[static_cast<std::size_t>(m)]);
@@ -304,8 +307,6 @@ void PipelineStage::Impl::finish_sends() {
   const auto t = Clock::now();
   for (SendBuffer& b : dx_send) link->wait(b.req);
   link->drain();  // NCCL: the step's transfers are done (a dead peer is noticed here)
-  wait(label_req);
-  wait(target_req);
   cur.wait_s += seconds_since(t);
 }
 
