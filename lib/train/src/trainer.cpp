@@ -445,18 +445,15 @@ std::string Trainer::data_description() const {
       break;
   }
   if (m.opts.compute.backend == "cpu" || m.compute == nullptr) return text;
-  const int value_bytes = m.compute->sample_value_bytes();
-  const std::uint64_t kept = r.x.size() * static_cast<std::uint64_t>(value_bytes);
-  const char* as = value_bytes == 2 ? " as bf16" : "";
-  if (m.opts.device_cache_bytes > 0) {
-    return text + fmt::format("; cached on the GPU{} ({})", as, size(kept));
+  // What the backend holds, from its buffers: a path it fell back from shows here.
+  const Compute::HeldSamples held = m.compute->held_samples();
+  if (!held.where.empty()) {
+    return text + "; " + held.where +
+           (held.bytes > 0 ? fmt::format(" ({})", size(held.bytes)) : std::string()) +
+           (held.why.empty() ? std::string() : ": " + held.why);
   }
-  if (m.opts.device_gather) {
-    return text + (value_bytes == 2 ? fmt::format("; gathered by the GPU over the host link "
-                                                  "from a page-locked bf16 copy ({})",
-                                                  size(kept))
-                                    : std::string("; gathered by the GPU over the host link, "
-                                                  "page-locked in place"));
+  if ((m.opts.device_cache_bytes > 0 || m.opts.device_gather) && r.rows == 0) {
+    return text + "; no rows on this rank for the GPU to gather";
   }
   return text + "; copied to the GPU as page-locked batches";
 }

@@ -538,6 +538,8 @@ TEST_F(CudaKernels, GatherRowsFromMappedHostMemoryIsExact) {
                                    cudaHostRegisterMapped), cudaSuccess);
         void* mapped = nullptr;
         ASSERT_EQ(cudaHostGetDevicePointer(&mapped, host.data(), 0), cudaSuccess);
+        // Offset 0 must take the vector path: the block's start is 16-byte aligned.
+        ASSERT_EQ(reinterpret_cast<std::uintptr_t>(mapped) % 16, 0u);
         std::mt19937_64 gen(static_cast<std::uint64_t>(cols));
         std::vector<std::int64_t> index(static_cast<std::size_t>(rows));
         for (auto& i : index) i = static_cast<std::int64_t>(gen() % src_rows);
@@ -586,6 +588,8 @@ TEST_F(CudaKernels, GatherBf16RowsFromMappedHostMemoryIsExact) {
                                    cudaHostRegisterMapped), cudaSuccess);
         void* mapped = nullptr;
         ASSERT_EQ(cudaHostGetDevicePointer(&mapped, host.data(), 0), cudaSuccess);
+        // Offset 0 must take the vector path: the block's start is 16-byte aligned.
+        ASSERT_EQ(reinterpret_cast<std::uintptr_t>(mapped) % 16, 0u);
         const auto* src = static_cast<const __nv_bfloat16*>(mapped) + offset;
         std::mt19937_64 gen(static_cast<std::uint64_t>(cols));
         std::vector<std::int64_t> index(static_cast<std::size_t>(rows));

@@ -4,18 +4,21 @@
 // to an uninterrupted one (GPU -> GPU) or within tolerance (CPU <-> GPU). At 2 ranks the
 // gradients go through the host-staged MPI reducer. Without a device every case skips, except
 // the one that checks the refusal itself.
+#include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <random>
 #include <string>
 #include <tuple>
 #include <utility>
 
 #include "locus/train/compute.hpp"
 #include "locus/train/monitor/anomaly.hpp"
+#include "locus/train/train_state.hpp"
 #include "test_trainer_util.hpp"
 
 namespace locus::train::test {
@@ -45,6 +48,7 @@ struct Outcome {
   std::vector<std::vector<float>> optimizer;
   std::vector<StepMetrics> steps;
   EvalMetrics eval;
+  std::string data;  // Trainer::data_description(): where the backend holds the samples
 };
 
 TrainOptions options(const Data& d, const std::string& backend, Precision p = Precision::fp32) {
@@ -66,6 +70,7 @@ Outcome finish(Trainer& t, Recorder& rec) {
   }
   r.steps = rec.steps;
   r.eval = t.evaluate();
+  r.data = t.data_description();
   return r;
 }
 
@@ -156,6 +161,20 @@ TEST_F(CudaTrainer, DeviceCacheAndDeviceGatherTrainBitwiseLikeTheStreamedPath) {
       const Outcome mapped = train(o);
       SCOPED_TRACE(std::string(to_string(shuffle)) + ", " + std::string(to_string(precision)) +
                    (graphs ? ", graphs" : ", no graphs"));
+      // The backend says what it holds, from its buffers: a silent fall-back to fp32 samples
+      // (bitwise the same training) shows here. fp32 may gather from a copy where the MPI
+      // library page-locked the block already (DeviceGatherFromABlockPageLockedAlready...).
+      const bool b16 = precision == Precision::bf16;
+      const auto says = [](const Outcome& run, std::string_view what) {
+        return run.data.find(what) != std::string::npos;
+      };
+      EXPECT_TRUE(says(streamed, "; copied to the GPU as page-locked batches")) << streamed.data;
+      EXPECT_TRUE(says(cached, b16 ? "; cached on the GPU as bf16 (" : "; cached on the GPU ("))
+          << cached.data;
+      EXPECT_TRUE(b16 ? says(mapped, "from a page-locked bf16 copy (")
+                      : says(mapped, "page-locked in place") ||
+                            says(mapped, "from a page-locked copy ("))
+          << mapped.data;
       for (const Outcome* got : {&cached, &mapped}) {
         const char* what = got == &cached ? "device cache" : "device gather";
         EXPECT_EQ(got->params, streamed.params) << what;
@@ -217,6 +236,65 @@ TEST_F(CudaTrainer, ARankWithoutRowsInEveryStepTakesPart) {
     EXPECT_TRUE(same_on_all_ranks(mpi::Comm::world(), gpu.params));
     ASSERT_EQ(gpu.steps.size(), cpu.steps.size());
   }
+}
+
+// loader.gather = device on a block that something else page-locked already (a CUDA-aware MPI
+// transport leaves the host buffers it moved registered): cudaHostRegister refuses it, and the
+// backend gathers from a page-locked copy instead -- bitwise the training of batches the host
+// copies, and held_samples() says so.
+TEST_F(CudaTrainer, DeviceGatherFromABlockPageLockedAlreadyUsesACopy) {
+  ModelSpec spec;
+  spec.widths = {kFeatures, 24, 16, kClasses};
+  spec.seed = 7;
+  OptimizerOptions optimizer;
+  optimizer.momentum = 0.9;
+  ComputeOptions c;
+  c.backend = "cuda";
+  constexpr int kRows = 96, kBatch = 16, kSteps = 8;
+  std::vector<float> block(std::size_t{kRows} * kFeatures);
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& v : block) v = uniform(gen);
+  std::vector<std::int32_t> labels(kRows);
+  for (int r = 0; r < kRows; ++r) labels[r] = static_cast<std::int32_t>((r * 7) % kClasses);
+  ASSERT_EQ(cudaHostRegister(block.data(), block.size() * sizeof(float), cudaHostRegisterDefault),
+            cudaSuccess);
+  TrainState hosted(spec, optimizer), mapped(spec, optimizer);
+  const std::vector<float> initial(hosted.model.params().begin(), hosted.model.params().end());
+  {
+    const mpi::Comm& world = mpi::Comm::world();
+    auto by_host = make_compute(c, world, hosted, Loss::softmax_cross_entropy);
+    auto by_device = make_compute(c, world, mapped, Loss::softmax_cross_entropy);
+    by_device->map_dataset(block, kRows, kFeatures);
+    const Compute::HeldSamples held = by_device->held_samples();
+    EXPECT_NE(held.where.find("from a page-locked copy"), std::string::npos) << held.where;
+    EXPECT_EQ(held.bytes, block.size() * sizeof(float));
+    EXPECT_NE(held.why.find("page-locked already"), std::string::npos) << held.why;
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<std::int64_t> rows(kBatch);
+      std::vector<float> x;
+      std::vector<std::int32_t> y;
+      for (int i = 0; i < kBatch; ++i) {
+        rows[i] = (std::int64_t{step} * 37 + std::int64_t{i} * 13) % kRows;
+        x.insert(x.end(), block.begin() + rows[i] * kFeatures,
+                 block.begin() + (rows[i] + 1) * kFeatures);
+        y.push_back(labels[static_cast<std::size_t>(rows[i])]);
+      }
+      Batch copied{x, kBatch, y, {}, {}, {}};
+      Batch gathered{{}, kBatch, y, {}, {}, rows};
+      by_host->forward_backward(copied, step, kBatch, {});
+      by_host->optimizer_step(0.05, 0.0);
+      by_device->forward_backward(gathered, step, kBatch, {});
+      by_device->optimizer_step(0.05, 0.0);
+    }
+    by_host->sync_to_host();
+    by_device->sync_to_host();
+  }
+  EXPECT_EQ(cudaHostUnregister(block.data()), cudaSuccess);
+  const std::vector<float> a(hosted.model.params().begin(), hosted.model.params().end());
+  const std::vector<float> b(mapped.model.params().begin(), mapped.model.params().end());
+  EXPECT_NE(a, initial) << "the steps must have trained";
+  EXPECT_EQ(a, b);
 }
 
 // Stop mid-epoch, restore the host state into a new trainer (what a checkpoint resume does),

@@ -77,6 +77,7 @@ class CudaCompute final : public Compute {
   int sample_value_bytes() const noexcept override { return bf16() ? 2 : 4; }
   void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
   void map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override;
+  HeldSamples held_samples() const override;
   void prefetch_inputs(const Batch& batch) override;
   void drop_prefetched() override;
   std::shared_ptr<HostMemory> host_memory() override {
@@ -156,9 +157,11 @@ class CudaCompute final : public Compute {
   DeviceBuffer<__nv_bfloat16> cached_bf16_;
   // loader.gather = device: the loader's resident block, page-locked in place (registered_,
   // unregistered last) and read by the device through mapped_x_; at bf16 its bf16 copy instead
-  // (staged_bf16_, read through mapped_bf16_), half the bytes over the host link.
+  // (staged_bf16_, read through mapped_bf16_), half the bytes over the host link. A block that
+  // something else page-locked already is copied into staged_x_ (mapped_x_ then points there).
   void* registered_ = nullptr;
   const float* mapped_x_ = nullptr;
+  MappedBuffer<float> staged_x_;
   MappedBuffer<__nv_bfloat16> staged_bf16_;
   const __nv_bfloat16* mapped_bf16_ = nullptr;
   bool scale_is_one_ = false;
@@ -252,7 +255,7 @@ void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::
   LOCUS_ASSERT(!resident_batches(), "a dataset is mapped once, and not beside a device cache");
   LOCUS_ASSERT(slot_capacity_ == 0, "a dataset is mapped before the first step");
   if (x.empty()) return;  // a rank without rows has no batches to gather
-  auto refuse = [&](cudaError_t rc, const char* call) {
+  auto refuse = [&](cudaError_t rc, std::string_view call) {
     cudaGetLastError();  // not sticky: clear it, or the next launch check would report it
     throw ConfigError(fmt::format(
         "loader.gather = device: {} of the {:.1f} MiB of samples this rank holds failed on "
@@ -290,14 +293,49 @@ void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::
   // Plain mapped registration: cudaHostRegisterReadOnly is for pages the process itself maps
   // read-only, which this heap block is not.
   if (const cudaError_t rc = cudaHostRegister(host, x.size_bytes(), cudaHostRegisterMapped);
-      rc != cudaSuccess) {
+      rc == cudaErrorHostMemoryAlreadyRegistered) {
+    // Some of it is page-locked already -- a CUDA-aware MPI transport registers the host
+    // buffers of its transfers (the global shuffle's all-gather filled this one) and keeps
+    // them registered until they are unmapped -- with flags and a range this backend does not
+    // know. Gather from a mapped copy of the block instead, at the cost of its size.
+    cudaGetLastError();  // not sticky: clear it, or the next launch check would report it
+    try {
+      staged_x_ = MappedBuffer<float>(x.size());
+    } catch (const CudaError& e) {
+      cudaGetLastError();
+      refuse(rc, fmt::format("cudaHostRegister (and a page-locked copy: {})", e.what()));
+    }
+    std::copy(x.begin(), x.end(), staged_x_.data());
+    host = staged_x_.data();
+  } else if (rc != cudaSuccess) {
     refuse(rc, "cudaHostRegister");
+  } else {
+    registered_ = host;  // unregistered by the destructor, whatever happens next
   }
-  registered_ = host;  // unregistered by the destructor, whatever happens next
   void* device = nullptr;
   if (const cudaError_t rc = cudaHostGetDevicePointer(&device, host, 0); rc != cudaSuccess)
     refuse(rc, "cudaHostGetDevicePointer");
   mapped_x_ = static_cast<const float*>(device);
+}
+
+Compute::HeldSamples CudaCompute::held_samples() const {
+  constexpr const char* kOverLink = "gathered by the GPU over the host link";
+  if (cached_bf16_.size() > 0) {
+    return {"cached on the GPU as bf16", cached_bf16_.size() * sizeof(__nv_bfloat16), ""};
+  }
+  if (cached_x_.size() > 0) return {"cached on the GPU", cached_x_.size() * sizeof(float), ""};
+  if (mapped_bf16_ != nullptr) {
+    return {fmt::format("{} from a page-locked bf16 copy", kOverLink),
+            staged_bf16_.size() * sizeof(__nv_bfloat16), ""};
+  }
+  if (mapped_x_ != nullptr && registered_ != nullptr) {
+    return {fmt::format("{}, page-locked in place", kOverLink), 0, ""};
+  }
+  if (mapped_x_ != nullptr) {
+    return {fmt::format("{} from a page-locked copy", kOverLink), staged_x_.size() * sizeof(float),
+            "the block was page-locked already (e.g. by the MPI library's CUDA transport)"};
+  }
+  return {};
 }
 
 void CudaCompute::ensure_capacity(int rows) {

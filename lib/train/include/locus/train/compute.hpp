@@ -134,6 +134,14 @@ class Compute {
   // may page-lock a converted copy instead, read in fewer bytes. ConfigError from a backend
   // without a device, or when the memory cannot be page-locked.
   virtual void map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols);
+  // What the backend holds of the samples given to cache_dataset() or map_dataset(), read from
+  // its buffers (not from its options): the start-up line 'data:' says where they went.
+  struct HeldSamples {
+    std::string where;        // e.g. "cached on the GPU as bf16"; empty: nothing held
+    std::uint64_t bytes = 0;  // the backend's copy; 0 where it reads the loader's block in place
+    std::string why;          // why it holds a copy it would not otherwise need (or empty)
+  };
+  virtual HeldSamples held_samples() const { return {}; }
 
   // Where the loader should put its batch buffers so this backend copies them at full speed
   // and asynchronously (page-locked memory on a device backend); null: the ordinary heap.
