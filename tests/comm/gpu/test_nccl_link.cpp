@@ -6,7 +6,8 @@
 // unknown tag, the rank itself as peer (InternalError); ranks that share a GPU (an agreed
 // ConfigError naming why: NCCL refuses them in one communicator; train.stage_link = auto then
 // takes the host-staged link). Two ranks on one GPU form a communicator only with the
-// test-only host ids of bench/gpu/hostid_rank.sh.
+// test-only host ids of bench/gpu/hostid_rank.sh. A transfer whose peer never takes part ends
+// in an NcclError within the timeout, the link aborted.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -133,6 +134,7 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
     CU(cudaLaunchHostFunc(
         stream_, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); },
         nullptr));
+    if (keep.empty()) return;  // no copy from an empty vector's (null) data
     CU(cudaMemcpyAsync(b.data, keep.data(), keep.size() * sizeof(float), cudaMemcpyHostToDevice,
                        stream_));
   };
@@ -153,8 +155,10 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
       link->recv(view(*at(down_in, k)), r + 1, kDown, at(down_recv, k));
     } else {
       at(got_up, k).resize(length(k));
-      CU(cudaMemcpyAsync(at(got_up, k).data(), at(up_out, k)->data, length(k) * sizeof(float),
-                         cudaMemcpyDeviceToHost, stream_));
+      if (length(k) > 0) {
+        CU(cudaMemcpyAsync(at(got_up, k).data(), at(up_out, k)->data, length(k) * sizeof(float),
+                           cudaMemcpyDeviceToHost, stream_));
+      }
     }
     // Backward of message k: from the last rank down to the first.
     if (last) {
@@ -168,8 +172,10 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
       link->send(view(*at(down_out, k)), r - 1, kDown, at(down_send, k));
     } else {
       at(got_down, k).resize(length(k));
-      CU(cudaMemcpyAsync(at(got_down, k).data(), at(down_out, k)->data,
-                         length(k) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      if (length(k) > 0) {
+        CU(cudaMemcpyAsync(at(got_down, k).data(), at(down_out, k)->data,
+                           length(k) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      }
     }
   }
   for (auto* reqs : {&up_send, &down_send, &up_recv, &down_recv}) {
@@ -193,6 +199,66 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
   LinkRequest idle;
   link->wait(idle);  // nothing in flight: returns at once
   EXPECT_FALSE(idle.active());
+}
+
+// A transfer whose peer never takes part (rank 1 stops after the first, which made the pair's
+// connection): rank 0's drain() ends in an NcclError naming the stage link and its timeout
+// within that timeout plus the polling tick, having aborted the link's channels (the stuck
+// kernel ends: the device stays usable), and the link then goes at once. Rank 1, told over MPI,
+// leaves its link by unwinding as a rank does on an error, which aborts too. 32 MiB: more than
+// NCCL buffers on a connection, so the send cannot finish without its receiver.
+struct Unwind {};
+TEST_F(NcclLink, AStuckTransferEndsInAnNcclErrorWithinTheTimeout) {
+  using Clock = std::chrono::steady_clock;
+  const mpi::Comm world = mpi::Comm::world();
+  if (world.size() < 2) GTEST_SKIP() << "a stage link needs 2 ranks or more";
+  if (const std::string why = nccl_link_unusable_reason(world); !why.empty()) {
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
+    GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
+  }
+  const int r = world.rank();
+  LinkOptions o;
+  o.timeout_s = 3;
+  const DeviceBuffer small(16), big(std::size_t{8} << 20);
+  std::string error;
+  double gave_up_s = -1, closed_s = -1;
+  try {
+    auto link = make_nccl_link(world, kTags, o);
+    LinkRequest q;
+    if (r == 0) link->send(view(small), 1, kUp, q);
+    if (r == 1) link->recv(view(small), 0, kUp, q);
+    link->wait(q);
+    link->drain();
+    if (r == 0) {
+      link->send(view(big), 1, kUp, q);
+      link->wait(q);
+      const auto t = Clock::now();
+      try {
+        link->drain();
+      } catch (const NcclError& e) {
+        error = e.what();
+      }
+      gave_up_s = std::chrono::duration<double>(Clock::now() - t).count();
+      const auto c = Clock::now();
+      link.reset();
+      closed_s = std::chrono::duration<double>(Clock::now() - c).count();
+    }
+    world.barrier();  // the peers keep their links until rank 0 has given up
+    if (r != 0) throw Unwind{};
+  } catch (const Unwind&) {
+  }
+  if (r == 0) {
+    EXPECT_NE(error.find("a pipeline transfer (stage link) did not complete within "
+                         "train.reducer_timeout_s = 3 s"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("aborted"), std::string::npos) << error;
+    EXPECT_GE(gave_up_s, 2.9);
+    EXPECT_LT(gave_up_s, 10.0) << "the timeout is 3 s, polled at least once a second";
+    EXPECT_LT(closed_s, 5.0) << "an aborted link must not wait for its peer";
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the aborted transfer's kernel must end";
+  world.barrier();
 }
 
 // CUDA_DEVICE_MAX_CONNECTIONS=1 (or NCCL_LAUNCH_ORDER_IMPLICIT) would put both channels'

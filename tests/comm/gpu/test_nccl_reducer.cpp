@@ -3,10 +3,12 @@
 // ordered after the work its producer stream had queued, bitwise repeatable; the average mode
 // against MPI's sum divided by the size. Where the ranks share a GPU (2 ranks on a 1-GPU host)
 // NCCL cannot form one communicator: then the refusal itself is checked, with the reason
-// train.reducer = auto prints before it falls back to the host-staged reducer.
+// train.reducer = auto prints before it falls back to the host-staged reducer. A reduction a
+// peer never joins ends in an NcclError within the timeout, the communicator aborted.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "comm_gpu_util.hpp"
+#include "locus/comm/error.hpp"
 #include "locus/comm/reducer.hpp"
 
 namespace locus::comm {
@@ -132,6 +135,67 @@ TEST_F(NcclReducer, StreamsBucketsAfterTheProducerAndMatchesMpi) {
   cudaFree(slow);
   cudaFreeHost(pinned);
   cudaFree(d);
+}
+
+// A reduction one rank never joins (the others stop after a first step, which made the
+// communicator's connections): rank 0's wait for it ends in an NcclError naming the all-reduce
+// and the timeout within that timeout plus the polling tick, the communicator aborted (its
+// kernel ends: the device stays usable) and the reducer then goes at once. The others, told
+// over MPI, leave by unwinding as a rank does on an error, which aborts too.
+struct Unwind {};
+TEST_F(NcclReducer, AReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) {
+  using Clock = std::chrono::steady_clock;
+  const mpi::Comm world = mpi::Comm::world();
+  if (world.size() < 2) GTEST_SKIP() << "a peer that never joins needs 2 ranks or more";
+  constexpr std::size_t n = std::size_t{8} << 20;
+  float* d = nullptr;
+  CU(cudaMalloc(&d, n * sizeof(float)));
+  CU(cudaMemset(d, 0, n * sizeof(float)));
+  GradientBuffer g{d, n, MemorySpace::cuda, producer_};
+  if (const std::string why = reason(g); !why.empty()) {
+    cudaFree(d);
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
+    GTEST_SKIP() << "the NCCL path needs a GPU per rank here: " << why;
+  }
+  ReducerOptions o;
+  o.backend = ReducerBackend::nccl;
+  o.timeout_s = 3;
+  const int r = world.rank();
+  std::string error;
+  double gave_up_s = -1, closed_s = -1;
+  try {
+    auto reducer = make_nccl_reducer(world, g, o);
+    reducer->finish();  // a whole step on every rank
+    reducer->settle(producer_);
+    if (r == 0) {
+      const auto t = Clock::now();
+      try {
+        reducer->finish();
+        reducer->settle(producer_);
+      } catch (const NcclError& e) {
+        error = e.what();
+      }
+      gave_up_s = std::chrono::duration<double>(Clock::now() - t).count();
+      const auto c = Clock::now();
+      reducer.reset();
+      closed_s = std::chrono::duration<double>(Clock::now() - c).count();
+    }
+    world.barrier();  // the peers keep their reducers until rank 0 has given up
+    if (r != 0) throw Unwind{};
+  } catch (const Unwind&) {
+  }
+  if (r == 0) {
+    EXPECT_NE(error.find("gradient all-reduce"), std::string::npos) << error;
+    EXPECT_NE(error.find("did not complete within train.reducer_timeout_s = 3 s"),
+              std::string::npos)
+        << error;
+    EXPECT_GE(gave_up_s, 2.9);
+    EXPECT_LT(gave_up_s, 10.0) << "the timeout is 3 s, polled at least once a second";
+    EXPECT_LT(closed_s, 5.0) << "an aborted reducer must not wait for its peers";
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the aborted reduction's kernel must end";
+  cudaFree(d);
+  world.barrier();
 }
 
 }  // namespace
