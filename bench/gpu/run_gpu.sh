@@ -237,7 +237,7 @@ elif ((gpu)); then
     # the host-staged one; every pipeline test there goes through NCCL, three communicators per
     # trainer over sockets, hence the longer limit); the pipeline's labels past MPI's eager
     # limit once more with MPI over TCP (a send left pending there needs its rank's progress);
-    # the link once more as a 4-rank pipeline.
+    # the link once more as a 4-rank pipeline, and last the trainer over it with 4 stages.
     # Each entry: binary:ranks:seconds[:gtest filter[:tcp]] (HOSTID_TEST_TIMEOUT overrides the
     # seconds; tcp: Open MPI's ob1 over TCP on loopback instead of shared memory).
     # A soft budget (HOSTID_BUDGET_S, default 240 s) as in the tests phase: nothing starts after
@@ -245,7 +245,7 @@ elif ((gpu)); then
     t0=$SECONDS hb=${HOSTID_BUDGET_S:-240}
     for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_cuda_trainer:2:90 \
                 test_cuda_pipeline:2:150 'test_cuda_pipeline:2:60:*EagerLimit*:tcp' \
-                test_nccl_link:4:90; do
+                test_nccl_link:4:90 'test_cuda_pipeline:4:120:*NcclLinkTrains*'; do
       IFS=: read -r t n limit filter transport <<< "$spec"
       [[ -x $bundle/tests/$t ]] || continue
       name=$t.hostid${transport:+-$transport}.np$n
