@@ -9,7 +9,9 @@
 // channel's stream, and the send queued behind it, until the previous stage produced that
 // input -- which in 1F1B needs this stage's gradient, which needs this send: a cycle. Issued
 // where the data is needed, each channel runs its transfers in the order a synchronous
-// program would, and the pipeline's schedules complete (link.hpp states the rule).
+// program would, and the pipeline's schedules complete (link.hpp states the rule). NCCL pairs
+// the transfers between two ranks in the order they are issued, so the receives of one tag and
+// peer must be waited for in the order they were posted (checked: a bug otherwise).
 //
 // Ordering on the device: a send's channel stream waits for the work enqueued on the buffer's
 // stream so far (an event); a receive's channel stream waits the same way for the buffer's
@@ -30,9 +32,12 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "locus/comm/error.hpp"
@@ -110,6 +115,7 @@ class NcclLink final : public StageLink {
     s.peer = peer;
     s.tag = tag;
     s.receive_pending = true;
+    s.order = posted_[{tag, peer}]++;
     r.staging = i;
   }
 
@@ -117,6 +123,13 @@ class NcclLink final : public StageLink {
     if (r.staging < 0) return;
     Slot& s = slots_[static_cast<std::size_t>(r.staging)];
     if (s.receive_pending) {  // issued now, where it is needed (see the top of this file)
+      std::uint64_t& next = issued_[{s.tag, s.peer}];
+      LOCUS_ASSERT(s.order == next,
+                   fmt::format("the NCCL stage link's receive {} from rank {} under tag {} was "
+                               "waited for before receive {}, posted earlier: NCCL would pair it "
+                               "with the earlier message",
+                               s.order, s.peer, s.tag, next));
+      ++next;
       Channel& c = channel_of(s.tag);
       if (s.buf.size > 0) {
         after(s.buf, c);
@@ -166,6 +179,7 @@ class NcclLink final : public StageLink {
     GradientBuffer buf;
     int peer = -1;
     int tag = 0;
+    std::uint64_t order = 0;  // a receive's place among those of its tag and peer
     bool receive_pending = false;
     bool busy = false;
   };
@@ -247,6 +261,8 @@ class NcclLink final : public StageLink {
   int size_;
   std::vector<std::unique_ptr<Channel>> channels_;
   std::vector<Slot> slots_;
+  // Receives posted and issued so far, by (tag, peer): issued in posting order.
+  std::map<std::pair<int, int>, std::uint64_t> posted_, issued_;
   cudaEvent_t ready_ = nullptr;    // reused: each record is waited on at once
   cudaEvent_t settled_ = nullptr;  // settle(): recorded on the stream it waits for
 };

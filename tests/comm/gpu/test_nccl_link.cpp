@@ -308,6 +308,15 @@ TEST_F(NcclLink, RefusesHostBuffersUnknownTagsAndItself) {
   EXPECT_THROW(link->send(view(d), other, 99, q), InternalError);
   EXPECT_THROW(link->recv(view(d), world.rank(), kUp, q), InternalError);
   EXPECT_FALSE(q.active());
+  if (world.size() > 1) {
+    // NCCL pairs transfers in the order they are issued: the second of two receives of one tag
+    // and peer, waited for first, would take the first message. Refused before it is issued.
+    DeviceBuffer e(4);
+    LinkRequest first, second;
+    link->recv(view(d), other, kUp, first);
+    link->recv(view(e), other, kUp, second);
+    EXPECT_THROW(link->wait(second), InternalError);
+  }
   link->drain();  // nothing was started
 }
 

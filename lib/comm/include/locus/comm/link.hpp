@@ -42,8 +42,10 @@ class StageLink {
 
   // Local, non-blocking: starts sending buf (buf.size floats) to rank `peer` of the link's
   // communicator under `tag`. Messages of one tag between two ranks arrive in the order they
-  // were sent, into the receives in the order they were posted. A device buffer is read after
-  // the work enqueued on buf.stream so far. buf must stay unchanged until wait(r).
+  // were sent, into the receives in the order they were posted (the NCCL link issues a receive
+  // at its wait(): wait for the receives of one tag and peer in posting order, or it throws an
+  // InternalError). A device buffer is read after the work enqueued on buf.stream so far. buf
+  // must stay unchanged until wait(r).
   virtual void send(const GradientBuffer& buf, int peer, int tag, LinkRequest& r) = 0;
   // Local, non-blocking: posts the receive of buf.size floats from `peer` under `tag`.
   virtual void recv(const GradientBuffer& buf, int peer, int tag, LinkRequest& r) = 0;
