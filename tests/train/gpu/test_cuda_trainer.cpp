@@ -297,6 +297,53 @@ TEST_F(CudaTrainer, DeviceGatherFromABlockPageLockedAlreadyUsesACopy) {
   EXPECT_EQ(a, b);
 }
 
+// A rank whose share of the samples is empty (local shuffle, fewer rows than ranks) hands the
+// backend an empty block to cache or map: it holds nothing, and its steps of 0 rows still run
+// (zero gradients into the reduction, the optimizer's update) bitwise as without the block.
+TEST_F(CudaTrainer, AnEmptyBlockIsNeitherCachedNorMappedAndItsStepsRun) {
+  ModelSpec spec;
+  spec.widths = {kFeatures, 24, 16, kClasses};
+  spec.seed = 7;
+  OptimizerOptions optimizer;
+  optimizer.momentum = 0.9;
+  optimizer.weight_decay = 1e-2;  // an update that changes the weights without gradients
+  ComputeOptions c;
+  c.backend = "cuda";
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(std::string(to_string(p)));
+    c.precision = p;
+    TrainState plain(spec, optimizer), cached(spec, optimizer), mapped(spec, optimizer);
+    {
+      const mpi::Comm& world = mpi::Comm::world();
+      auto by_host = make_compute(c, world, plain, Loss::softmax_cross_entropy);
+      auto by_cache = make_compute(c, world, cached, Loss::softmax_cross_entropy);
+      auto by_map = make_compute(c, world, mapped, Loss::softmax_cross_entropy);
+      by_cache->cache_dataset({}, 0, kFeatures);
+      by_map->map_dataset({}, 0, kFeatures);
+      EXPECT_TRUE(by_cache->held_samples().where.empty()) << by_cache->held_samples().where;
+      EXPECT_TRUE(by_map->held_samples().where.empty()) << by_map->held_samples().where;
+      const Batch none{{}, 0, {}, {}, {}, {}};
+      for (int step = 0; step < 3; ++step) {
+        for (Compute* compute : {by_host.get(), by_cache.get(), by_map.get()}) {
+          compute->forward_backward(none, step, 1.0, {});
+          compute->optimizer_step(0.05, 0.0);
+        }
+      }
+      for (Compute* compute : {by_host.get(), by_cache.get(), by_map.get()}) {
+        compute->sync_to_host();
+      }
+    }
+    const TrainState fresh(spec, optimizer);
+    EXPECT_NE(std::vector<float>(plain.model.params().begin(), plain.model.params().end()),
+              std::vector<float>(fresh.model.params().begin(), fresh.model.params().end()))
+        << "weight decay must have changed the weights";
+    for (const TrainState* s : {&cached, &mapped}) {
+      EXPECT_TRUE(std::equal(s->model.params().begin(), s->model.params().end(),
+                             plain.model.params().begin(), plain.model.params().end()));
+    }
+  }
+}
+
 // Stop mid-epoch, restore the host state into a new trainer (what a checkpoint resume does),
 // continue: GPU -> GPU bitwise; CPU -> GPU and GPU -> CPU within the fp32 tolerance.
 TEST_F(CudaTrainer, ResumeOnTheGpu) {
