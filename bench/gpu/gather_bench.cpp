@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
       const GemmShape shape{.m = gemm_out, .n = batch, .k = cols, .trans_a = true, .lda = cols,
                             .ldb = cols, .ldd = gemm_out};
       const auto gemm = [&](cudaStream_t s) {
-        matmul.run(shape, weights.data(), gemm_x.data(), z.data(), nullptr, s);
+        matmul.run(shape, weights.data(), gemm_x.data(), z.data(), s);
       };
       const double one_gemm_ms = timed(base.get(), warmup, iters, [&] { gemm(base.get()); });
       const int loop = std::max(1, static_cast<int>(window_ms / std::max(one_gemm_ms, 1e-3)));

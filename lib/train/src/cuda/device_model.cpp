@@ -67,7 +67,7 @@ struct DeviceModel::Impl {
     g.align_a = alignment_of(a);
     g.align_b = alignment_of(b);
     g.align_d = alignment_of(d);
-    matmul.run(g, a, b, d, nullptr, s);
+    matmul.run(g, a, b, d, s);
   }
 
   ParamLayout layout;

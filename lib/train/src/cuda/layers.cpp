@@ -86,7 +86,7 @@ void DeviceLayers::gemm(int m, int n, int k, bool ta, bool tb, const void* a, in
   shape.align_a = alignment_of(a);
   shape.align_b = alignment_of(b);
   shape.align_d = alignment_of(d);
-  matmul_.run(shape, a, b, d, nullptr, s, accumulate);
+  matmul_.run(shape, a, b, d, s, accumulate);
 }
 
 void DeviceLayers::forward(const DeviceParams& p, const float* x, int rows, LayerBuffers& a,

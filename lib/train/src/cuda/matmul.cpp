@@ -100,14 +100,9 @@ Matmul::Plan& Matmul::plan(const GemmShape& s) {
                                                       sizeof(ta)));
     LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
                                                       sizeof(tb)));
-    const cublasLtEpilogue_t epilogue = s.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                       &epilogue, sizeof(epilogue)));
-    if (s.bias) {
-      const cudaDataType_t bias_type = CUDA_R_32F;
-      LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(
-          p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-    }
     // Stored shapes: A is (m x k) after op, so (k x m) stored when transposed.
     const int a_rows = s.trans_a ? s.k : s.m, a_cols = s.trans_a ? s.m : s.k;
     const int b_rows = s.trans_b ? s.n : s.k, b_cols = s.trans_b ? s.k : s.n;
@@ -173,14 +168,10 @@ Matmul::Plan& Matmul::plan(const GemmShape& s) {
   return *p;
 }
 
-void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, const float* bias,
-                 cudaStream_t stream, bool accumulate) {
+void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, cudaStream_t stream,
+                 bool accumulate) {
   if (s.m == 0 || s.n == 0) return;
   Plan& p = plan(s);
-  if (s.bias) {  // before choose(): its timed launches run the bias epilogue too
-    LOCUS_CUBLAS_CHECK(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                      &bias, sizeof(bias)));
-  }
   if (!p.chosen) choose(s, p, a, b, stream);
   const float one = 1.0f, zero = 0.0f;
   LOCUS_CUBLAS_CHECK(lt().Matmul(handle_, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,

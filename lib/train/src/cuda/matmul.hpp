@@ -36,16 +36,17 @@ inline int alignment_of(const void* p) {
 
 enum class Operand { f32, bf16 };
 
-// D (float32, column-major m x n, ld ldd) = op(A) op(B) [+ bias[m] per row of D], where op is
-// the transpose when the flag is set; A and B hold f32 or bf16 as the precision says.
+// D (float32, column-major m x n, ld ldd) = op(A) op(B), where op is the transpose when the
+// flag is set; A and B hold f32 or bf16 as the precision says. No epilogue: the bias and the
+// activation follow in a kernel of their own (kernels.hpp, bias_act_forward), which also
+// applies dropout and keeps what the backward pass needs.
 struct GemmShape {
   int m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   int lda = 0, ldb = 0, ldd = 0;
-  bool bias = false;
   int align_a = 256, align_b = 256, align_d = 256;  // bytes the pointers are aligned to
   auto key() const {
-    return std::tie(m, n, k, trans_a, trans_b, lda, ldb, ldd, bias, align_a, align_b, align_d);
+    return std::tie(m, n, k, trans_a, trans_b, lda, ldb, ldd, align_a, align_b, align_d);
   }
   bool operator<(const GemmShape& o) const { return key() < o.key(); }
 };
@@ -57,12 +58,12 @@ class Matmul {
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
 
-  // Enqueues D = op(A) op(B) (+ bias) on stream, or with accumulate D += op(A) op(B) (beta =
+  // Enqueues D = op(A) op(B) on stream, or with accumulate D += op(A) op(B) (beta =
   // 1, D read in place: a pipeline stage's weight gradients over micro-batches). a, b are
   // float* (fp32/tf32) or __nv_bfloat16* (bf16). The first call of a shape picks its
   // algorithm (not capturable: run each shape once before capturing a graph).
-  void run(const GemmShape& shape, const void* a, const void* b, float* d, const float* bias,
-           cudaStream_t stream, bool accumulate = false);
+  void run(const GemmShape& shape, const void* a, const void* b, float* d, cudaStream_t stream,
+           bool accumulate = false);
 
   Precision precision() const noexcept { return precision_; }
   // Off: the heuristic's first pick, never timed (train.gemm_select = heuristic).
