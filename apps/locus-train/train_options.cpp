@@ -200,7 +200,8 @@ void TrainSettings::register_options(Config& c) {
                "GPU) or device (the samples are page-locked in place once and a kernel reads "
                "each batch's rows straight from host memory over the host link, ahead of its "
                "step; at precision bf16 a page-locked bf16 copy of them instead, half their "
-               "size, converted once; not with loader.device_cache_mb)");
+               "size, converted once; a page-locked copy where part of the block was locked "
+               "already, e.g. by a CUDA-aware MPI transport; not with loader.device_cache_mb)");
   c.add("loader.background", background,
         "read ahead on a producer thread (false: read inside the step, on the training thread)");
   c.add("eval.batch", eval_batch, "global rows per evaluation batch",

@@ -238,14 +238,20 @@ TEST_F(CudaTrainer, ARankWithoutRowsInEveryStepTakesPart) {
   }
 }
 
+// small_options()' model, for the tests that drive a Compute directly.
+ModelSpec small_spec() {
+  ModelSpec spec;
+  spec.widths = {kFeatures, 24, 16, kClasses};
+  spec.seed = 7;
+  return spec;
+}
+
 // loader.gather = device on a block that something else page-locked already (a CUDA-aware MPI
 // transport leaves the host buffers it moved registered): cudaHostRegister refuses it, and the
 // backend gathers from a page-locked copy instead -- bitwise the training of batches the host
 // copies, and held_samples() says so.
 TEST_F(CudaTrainer, DeviceGatherFromABlockPageLockedAlreadyUsesACopy) {
-  ModelSpec spec;
-  spec.widths = {kFeatures, 24, 16, kClasses};
-  spec.seed = 7;
+  const ModelSpec spec = small_spec();
   OptimizerOptions optimizer;
   optimizer.momentum = 0.9;
   ComputeOptions c;
@@ -301,9 +307,7 @@ TEST_F(CudaTrainer, DeviceGatherFromABlockPageLockedAlreadyUsesACopy) {
 // backend an empty block to cache or map: it holds nothing, and its steps of 0 rows still run
 // (zero gradients into the reduction, the optimizer's update) bitwise as without the block.
 TEST_F(CudaTrainer, AnEmptyBlockIsNeitherCachedNorMappedAndItsStepsRun) {
-  ModelSpec spec;
-  spec.widths = {kFeatures, 24, 16, kClasses};
-  spec.seed = 7;
+  const ModelSpec spec = small_spec();
   OptimizerOptions optimizer;
   optimizer.momentum = 0.9;
   optimizer.weight_decay = 1e-2;  // an update that changes the weights without gradients
