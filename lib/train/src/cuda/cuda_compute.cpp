@@ -45,8 +45,11 @@ class PinnedHostMemory final : public HostMemory {
 
 // A batch's activations and the pass's scratch (the whole model: one of each).
 struct StepBuffers {
-  StepBuffers(const ModelSpec& spec, int capacity, bool training, bool bf16)
-      : acts(spec, ParamLayout(spec.widths).all_layers(), capacity, training, bf16, false, false),
+  // bf16_input: the training passes get their inputs in bf16 (the slots' x_bf16).
+  StepBuffers(const ModelSpec& spec, int capacity, bool training, bool bf16,
+              bool bf16_input = false)
+      : acts(spec, ParamLayout(spec.widths).all_layers(), capacity, training, bf16, false, false,
+             bf16_input),
         scratch(spec, ParamLayout(spec.widths).all_layers(), capacity, training, bf16) {}
   LayerBuffers acts;
   PassScratch scratch;
@@ -350,7 +353,7 @@ void CudaCompute::ensure_capacity(int rows) {
     slots_.emplace_back(capacity, input_width(), output_width(), loss_ == Loss::mse,
                         bf16_inputs());
   }
-  train_ws_.emplace(state_.model.spec(), capacity, true, bf16());
+  train_ws_.emplace(state_.model.spec(), capacity, true, bf16(), bf16_inputs());
   slot_capacity_ = capacity;
 }
 

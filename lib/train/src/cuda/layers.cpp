@@ -23,7 +23,7 @@ int max_width(const ModelSpec& spec, LayerRange range) {
 }  // namespace
 
 LayerBuffers::LayerBuffers(const ModelSpec& spec, LayerRange range, int rows, bool training,
-                           bool bf16, bool own_input, bool receives_grad)
+                           bool bf16, bool own_input, bool receives_grad, bool bf16_input)
     : capacity(rows) {
   const auto& widths = spec.widths;
   const int layers = static_cast<int>(widths.size()) - 1;
@@ -41,7 +41,7 @@ LayerBuffers::LayerBuffers(const ModelSpec& spec, LayerRange range, int rows, bo
     // The range's top layer feeds no GEMM here (the next stage converts what it receives).
     out_bf16.emplace_back(bf16 && hidden && l + 1 < range.end ? sz(rows, w(l + 1)) : 0);
   }
-  if (bf16) x_bf16 = DeviceBuffer<__nv_bfloat16>(sz(rows, w(range.first)));
+  if (bf16 && !bf16_input) x_bf16 = DeviceBuffer<__nv_bfloat16>(sz(rows, w(range.first)));
   if (receives_grad) take(grad_in, sz(rows, w(range.end)));
 }
 
@@ -95,6 +95,8 @@ void DeviceLayers::forward(const DeviceParams& p, const float* x, int rows, Laye
   const void* in_op = x;
   if (bf16()) {
     if (x_bf16 == nullptr) {
+      LOCUS_ASSERT(a.x_bf16.size() >= sz(rows, input_width()),
+                   "a bf16 forward pass without a bf16 input needs LayerBuffers' x_bf16");
       to_bf16(x, a.x_bf16.data(), sz(rows, input_width()), s);
       x_bf16 = a.x_bf16.data();
     }
@@ -150,7 +152,11 @@ void DeviceLayers::backward(const DeviceParams& p, const float* x, LayerBuffers&
   const float drop = spec_.dropout;
   const float relu_scale = drop > 0.0f ? 1.0f / (1.0f - drop) : 1.0f;
   const int first = range_.first, top = range_.end - 1;
-  if (bf16() && x_bf16 == nullptr) x_bf16 = a.x_bf16.data();
+  if (bf16() && x_bf16 == nullptr) {
+    LOCUS_ASSERT(a.x_bf16.size() >= sz(rows, input_width()),
+                 "a bf16 backward pass without a bf16 input needs LayerBuffers' x_bf16");
+    x_bf16 = a.x_bf16.data();
+  }
   const void* x_op = bf16() ? static_cast<const void*>(x_bf16) : x;
   __nv_bfloat16* dz_bf16 = bf16() ? w.dz_bf16.data() : nullptr;
   // dZ of the range's top layer: the loss gave it for the logits; a hidden top layer's output

@@ -27,11 +27,13 @@ namespace locus::train::cuda {
 struct LayerBuffers {
   // own_input: a device copy of the range's input (a pipeline stage receives or uploads it;
   // the whole model reads its input slot). grad_in: the gradient received from the next stage.
+  // bf16_input: the passes are handed their input in bf16 already (no x_bf16 to convert into).
   LayerBuffers(const ModelSpec& spec, LayerRange range, int capacity, bool training, bool bf16,
-               bool own_input, bool grad_in);
+               bool own_input, bool grad_in, bool bf16_input = false);
   int capacity = 0;
   DeviceBuffer<float> input;                 // [rows, w_first]
-  DeviceBuffer<__nv_bfloat16> x_bf16;        // bf16: [rows, w_first], the first GEMM's operand
+  DeviceBuffer<__nv_bfloat16> x_bf16;        // bf16 (not bf16_input): [rows, w_first], the
+                                             // first GEMM's operand
   std::vector<DeviceBuffer<float>> out;      // per range layer [rows, w_{l+1}] post-activation
   std::vector<DeviceBuffer<float>> deriv;    // per hidden gelu/tanh layer: act'(z) * dropout
   std::vector<DeviceBuffer<__nv_bfloat16>> out_bf16;  // bf16: the next GEMM's operand
