@@ -29,8 +29,12 @@ namespace {
 // near-equal candidates: the times of small GEMMs are mostly launch latency, and a
 // replacement must save far more than their noise (an H200's pathological picks took 55-63 us
 // against 12-16 for the one taken; the small shapes of the tests differ by under 10 us and
-// keep the heuristic's pick). Chosen once per process and shape: every Matmul of the process
-// reuses it, so two trainers in one process compute the same bits.
+// keep the heuristic's pick). The candidates are timed in interleaved rounds (each once a
+// round, the fastest of its rounds kept), so a drift during the measurement -- the clocks
+// ramping up after an idle spell, another process's kernels -- falls on every candidate alike
+// rather than on those timed first, the heuristic's pick among them. Chosen once per process,
+// shape and workspace size: every Matmul of the process reuses it, so two trainers in one
+// process compute the same bits.
 constexpr int kCandidates = 8;
 constexpr double kSlowest = 2.5;
 constexpr double kPickWithin = 1.5;
@@ -40,9 +44,11 @@ constexpr int kTimedRuns = 5;
 struct ChoiceKey {
   int device;
   Precision precision;
+  std::size_t workspace;  // bytes: what an algorithm may use depends on it
   GemmShape shape;
   bool operator<(const ChoiceKey& o) const {
-    return std::tie(device, precision, shape) < std::tie(o.device, o.precision, o.shape);
+    return std::tie(device, precision, workspace, shape) <
+           std::tie(o.device, o.precision, o.workspace, o.shape);
   }
 };
 
@@ -183,37 +189,47 @@ void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, cud
 
 namespace locus::train::cuda {
 
-// Times one candidate: kTimedRuns launches into scratch after one untimed, the fastest in ms;
-// +inf when cuBLASLt refuses it for these operands.
-double Matmul::time_candidate(Plan& p, const cublasLtMatmulAlgo_t& algo,
-                              const void* a, const void* b, float* scratch, cudaStream_t stream) {
+// Times the candidates on the real operands into scratch: each launched once untimed, then
+// kTimedRuns rounds in which each is timed once, in order. The fastest of a candidate's rounds
+// in ms; +inf for one cuBLASLt refuses for these operands.
+std::vector<double> Matmul::time_candidates(Plan& p, const void* a, const void* b,
+                                            float* scratch, cudaStream_t stream) {
   const float one = 1.0f, zero = 0.0f;
-  auto launch = [&] {
+  auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
     return lt().Matmul(handle_, p.op, &one, a, p.a, b, p.b, &zero, scratch, p.d, scratch, p.d,
                           &algo, workspace_.data(), workspace_.bytes(), stream);
   };
-  if (launch() != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<double>::infinity();
+  constexpr double kRefused = std::numeric_limits<double>::infinity();
+  std::vector<double> ms(p.candidates.size(), kRefused);
+  std::vector<bool> usable(p.candidates.size());
+  for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+    usable[i] = launch(p.candidates[i]) == CUBLAS_STATUS_SUCCESS;
+  }
   std::array<cudaEvent_t, 2> ev{};
   LOCUS_CUDA_CHECK(cudaEventCreate(&ev[0]));
   const cudaError_t made = cudaEventCreate(&ev[1]);
   if (made != cudaSuccess) cudaEventDestroy(ev[0]);
   LOCUS_CUDA_CHECK(made);
-  std::vector<double> ms;
-  bool ok = true;
-  for (int r = 0; r < kTimedRuns && ok; ++r) {
-    ok = cudaEventRecord(ev[0], stream) == cudaSuccess && launch() == CUBLAS_STATUS_SUCCESS &&
-         cudaEventRecord(ev[1], stream) == cudaSuccess && cudaEventSynchronize(ev[1]) == cudaSuccess;
-    float t = 0;
-    ok = ok && cudaEventElapsedTime(&t, ev[0], ev[1]) == cudaSuccess;
-    ms.push_back(t);
+  for (int round = 0; round < kTimedRuns; ++round) {
+    for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+      if (!usable[i]) continue;
+      float t = 0;
+      usable[i] = cudaEventRecord(ev[0], stream) == cudaSuccess &&
+                  launch(p.candidates[i]) == CUBLAS_STATUS_SUCCESS &&
+                  cudaEventRecord(ev[1], stream) == cudaSuccess &&
+                  cudaEventSynchronize(ev[1]) == cudaSuccess &&
+                  cudaEventElapsedTime(&t, ev[0], ev[1]) == cudaSuccess;
+      if (!usable[i]) {
+        (void)cudaGetLastError();  // a refused launch is not the stream's error
+        ms[i] = kRefused;
+      } else {
+        ms[i] = std::min(ms[i], static_cast<double>(t));
+      }
+    }
   }
   cudaEventDestroy(ev[0]);
   cudaEventDestroy(ev[1]);
-  if (!ok) {
-    (void)cudaGetLastError();  // a refused launch is not the stream's error
-    return std::numeric_limits<double>::infinity();
-  }
-  return *std::min_element(ms.begin(), ms.end());
+  return ms;
 }
 
 void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
@@ -222,7 +238,7 @@ void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
     p.chosen = true;
     return;
   }
-  const ChoiceKey key{current_device(), precision_, s};
+  const ChoiceKey key{current_device(), precision_, workspace_.bytes(), s};
   {
     const std::lock_guard lock(choices_mutex);
     if (auto it = choices().find(key); it != choices().end()) {
@@ -235,10 +251,7 @@ void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
   LOCUS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
   if (capturing != cudaStreamCaptureStatusNone) return;  // a capture measures nothing
   DeviceBuffer<float> scratch(static_cast<std::size_t>(s.ldd) * static_cast<std::size_t>(s.n));
-  std::vector<double> ms;
-  for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
-    ms.push_back(time_candidate(p, algo, a, b, scratch.data(), stream));
-  }
+  const std::vector<double> ms = time_candidates(p, a, b, scratch.data(), stream);
   const double best = *std::min_element(ms.begin(), ms.end());
   std::size_t pick = 0;  // a candidate refused by cuBLASLt times +inf
   if (!(ms[0] <= kSlowest * best) && !(ms[0] - best < kMinSavingMs)) {

@@ -9,8 +9,8 @@
 // changed (deterministic: the same algorithm gives the same bits), excluding in-place
 // (atomic-counter) split-K reductions: cuBLASLt's heuristic's first pick, unless timing its
 // candidates on the first call shows that pick more than 2.5x and 20 us slower than the
-// fastest (then the first candidate in its order within 1.5x of it; once per process and
-// shape, see matmul.cpp).
+// fastest (then the first candidate in its order within 1.5x of it; timed in interleaved
+// rounds, once per process, shape and workspace size, see matmul.cpp).
 #pragma once
 
 #include <cublasLt.h>
@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cuda/memory.hpp"
 #include "locus/train/model/precision.hpp"
@@ -75,8 +76,8 @@ class Matmul {
   struct Plan;
   Plan& plan(const GemmShape& shape);
   void choose(const GemmShape& shape, Plan& p, const void* a, const void* b, cudaStream_t stream);
-  double time_candidate(Plan& p, const cublasLtMatmulAlgo_t& algo,
-                        const void* a, const void* b, float* scratch, cudaStream_t stream);
+  std::vector<double> time_candidates(Plan& p, const void* a, const void* b, float* scratch,
+                                      cudaStream_t stream);
 
   Precision precision_;
   cublasLtHandle_t handle_ = nullptr;
