@@ -14,11 +14,14 @@
 //   bf16     the mapped gather alone of the block's bf16 copy (train.precision = bf16: the
 //            trainer converts the samples once on the host), GB/s of its rows (2 bytes a value),
 //            and its rows per second over the fp32 gather's ("rows x").
-// Medians of --iters timed runs after --warmup; each row copied is checked once per cap.
+// Medians of --iters timed runs after --warmup (the short ones -- link, device, alone, bf16 --
+// as graphs of 10 back to back, so that launch latency is not counted); each row copied is
+// checked once per cap.
 //   locus_gather_bench [--rows 262144] [--cols 784] [--batches 1024,8192] [--caps 8,16,32]
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -75,7 +78,21 @@ Event make_timing_event() {
   return Event(e);
 }
 
-// Milliseconds between two events recorded around `enqueue` on stream s, once per iteration.
+// enqueue's work on stream s, captured once as a graph.
+template <class F>
+GraphExec capture(cudaStream_t s, F&& enqueue) {
+  LOCUS_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  enqueue();
+  cudaGraph_t raw = nullptr;
+  LOCUS_CUDA_CHECK(cudaStreamEndCapture(s, &raw));
+  const Graph graph(raw);
+  cudaGraphExec_t exec = nullptr;
+  LOCUS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph.get(), 0));
+  return GraphExec(exec);
+}
+
+// Milliseconds between two events recorded around `enqueue` on stream s, once per iteration
+// (for work that runs milliseconds: one launch's latency is noise there).
 template <class F>
 double timed(cudaStream_t s, int warmup, int iters, F&& enqueue) {
   const Event a = make_timing_event(), b = make_timing_event();
@@ -92,17 +109,20 @@ double timed(cudaStream_t s, int warmup, int iters, F&& enqueue) {
   return median(ms);
 }
 
-// enqueue's work on stream s, captured once as a graph.
+// Milliseconds one `enqueue` takes on stream s, for work of microseconds: kReps of them back
+// to back in one graph, timed as above and divided by kReps, so that the host's launch latency
+// (an event is stamped as soon as an idle stream reaches it) is not counted as the work's.
+// enqueue runs once first outside the capture (a GEMM picks its algorithm on its first call).
+constexpr int kReps = 10;
 template <class F>
-GraphExec capture(cudaStream_t s, F&& enqueue) {
-  LOCUS_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+double timed_short(cudaStream_t s, int warmup, int iters, F&& enqueue) {
   enqueue();
-  cudaGraph_t raw = nullptr;
-  LOCUS_CUDA_CHECK(cudaStreamEndCapture(s, &raw));
-  const Graph graph(raw);
-  cudaGraphExec_t exec = nullptr;
-  LOCUS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph.get(), 0));
-  return GraphExec(exec);
+  LOCUS_CUDA_CHECK(cudaStreamSynchronize(s));
+  const GraphExec reps = capture(s, [&] {
+    for (int r = 0; r < kReps; ++r) enqueue();
+  });
+  return timed(s, warmup, iters, [&] { LOCUS_CUDA_CHECK(cudaGraphLaunch(reps.get(), s)); }) /
+         kReps;
 }
 
 Stream make_stream_with(int priority) {
@@ -133,6 +153,8 @@ struct Beside {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Each row as it is measured, even where a time limit ends the run.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     std::int64_t rows = 262144;
     int cols = 784, iters = 20, warmup = 3, gemm_out = 256;
@@ -240,11 +262,11 @@ int main(int argc, char** argv) {
       const double bytes = static_cast<double>(batch) * static_cast<double>(width) * 4.0;
       const auto gbs = [&](double ms) { return ms > 0 ? bytes / (ms * 1e6) : 0.0; };
       const Stream base = make_stream_with(least);
-      const double link_ms = timed(base.get(), warmup, iters, [&] {
+      const double link_ms = timed_short(base.get(), warmup, iters, [&] {
         LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data(), pinned.data(), static_cast<std::size_t>(bytes),
                                          cudaMemcpyHostToDevice, base.get()));
       });
-      const double device_ms = !device_copy ? 0.0 : timed(base.get(), warmup, iters, [&] {
+      const double device_ms = !device_copy ? 0.0 : timed_short(base.get(), warmup, iters, [&] {
         gather_rows(resident.data(), index.data(), dst.data(), batch, cols, nullptr, nullptr,
                     base.get());
       });
@@ -253,18 +275,18 @@ int main(int argc, char** argv) {
       const auto gemm = [&](cudaStream_t s) {
         matmul.run(shape, weights.data(), gemm_x.data(), z.data(), s);
       };
-      const double one_gemm_ms = timed(base.get(), warmup, iters, [&] { gemm(base.get()); });
+      const double one_gemm_ms = timed_short(base.get(), warmup, iters, [&] { gemm(base.get()); });
       const int loop = std::max(1, static_cast<int>(window_ms / std::max(one_gemm_ms, 1e-3)));
 
       for (const int cap : caps) {
-        const double alone_ms = timed(base.get(), warmup, iters, [&] {
+        const double alone_ms = timed_short(base.get(), warmup, iters, [&] {
           gather_rows(mapped, index.data(), dst.data(), batch, cols, nullptr, nullptr, base.get(),
                       cap);
         });
         // Every row arrived (the last run's output).
         LOCUS_CUDA_CHECK(cudaStreamSynchronize(base.get()));
         check_rows(host.data(), dst.data(), idx, width, batch, cap, "fp32");
-        const double bf16_ms = timed(base.get(), warmup, iters, [&] {
+        const double bf16_ms = timed_short(base.get(), warmup, iters, [&] {
           gather_bf16_rows(mapped_bf16, index.data(), dst_bf16.data(), batch, cols, base.get(),
                            cap);
         });

@@ -54,8 +54,8 @@ launch=${LAUNCH:-auto}
 run() {
   local log=$1; shift
   case $launch in
-    direct) OMPI_MCA_ess_singleton_isolated=1 timeout -k 5 "$step_timeout" "$@" > "$log" 2>&1 ;;
-    mpirun) timeout -k 5 "$step_timeout" "${mpirun_cmd[@]}" "$@" > "$log" 2>&1 ;;
+    direct) OMPI_MCA_ess_singleton_isolated=1 timeout --foreground -k 5 "$step_timeout" "$@" > "$log" 2>&1 ;;
+    mpirun) timeout --foreground -k 5 "$step_timeout" "${mpirun_cmd[@]}" "$@" > "$log" 2>&1 ;;
   esac
 }
 

@@ -6,13 +6,14 @@ the socket transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket), so
 like another node. This probe tries it with PyTorch's NCCL on the GPU host, twice: without the
 trick (expected: refused) and with it (an all-reduce of known values checked exactly). Never for
 performance figures: the transport is TCP over loopback.
-  python3 bench/gpu/nccl_hostid_probe.py [--timeout 60]
+  python3 bench/gpu/nccl_hostid_probe.py [--timeout 60] [--cases plain,hostid]
 Prints one line per case: "nccl_hostid <case> ok|refused|failed <detail>".
 """
 import argparse
 import os
 import subprocess
 import sys
+import time
 
 
 def worker(rank, world, port, trick):
@@ -44,9 +45,10 @@ def run_case(name, trick, port, timeout):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(2)]
     outs, rcs = [], []
+    deadline = time.monotonic() + timeout  # one limit for the case, not one per process
     for p in procs:
         try:
-            out, _ = p.communicate(timeout=timeout)
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
@@ -70,13 +72,20 @@ def main():
     ap.add_argument("--worker", type=int)
     ap.add_argument("--port", type=int, default=29611)
     ap.add_argument("--trick", action="store_true")
-    ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--timeout", type=float, default=60, help="seconds a case may take")
+    ap.add_argument("--cases", default="plain,hostid",
+                    help="which to try, in order: plain (two ranks on one GPU as they are: NCCL "
+                         "refuses them), hostid (a host id each)")
     a = ap.parse_args()
     if a.worker is not None:
         worker(a.worker, 2, a.port, a.trick)
         return
-    run_case("plain", False, a.port, a.timeout)
-    run_case("hostid", True, a.port + 1, a.timeout)
+    cases = a.cases.split(",")
+    for c in cases:
+        if c not in ("plain", "hostid"):
+            sys.exit(f"nccl_hostid_probe.py: --cases: unknown case {c!r} (plain, hostid)")
+    for c in cases:
+        run_case(c, c == "hostid", a.port + (c == "hostid"), a.timeout)
 
 
 if __name__ == "__main__":

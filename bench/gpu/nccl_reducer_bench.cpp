@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -192,5 +193,7 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Each row as it is measured, even where a time limit ends the run.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   return run_app(argc, argv, [&](mpi::Comm& world) { return run_bench(world, argc, argv); });
 }

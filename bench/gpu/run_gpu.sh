@@ -33,7 +33,12 @@
 #   memory: beyond about 250000 rows give SIMPLENET_RUNS with a larger cache_mb.
 #   LAUNCH=auto|direct|mpirun   PYTHON=python3   SKIP="tests locus torch" (phases to leave out)
 #   ROWS, EPOCHS, EXTRA: passed to gpu_train_bench.sh; TORCH_ARGS: extra torch_gpu_bench.py flags
+#   DEADLINE_S=570: the whole run's limit. Every phase's limits are clipped so that the summary
+#   (20 s kept for it) is printed before it; a phase that would start with under 30 s left is
+#   not run. Give what the device session has left (its per-command limit is 600 s).
 set -uo pipefail
+t_start=$SECONDS
+deadline=${DEADLINE_S:-570}
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "${1:?usage: bench/gpu/run_gpu.sh BUNDLE_DIR}" && pwd)
 out=${OUT:-/tmp/gpu-run-out}
@@ -58,9 +63,21 @@ fi
 skip=" ${SKIP:-} "
 log=$out/run.log
 : > "$log"
-t_start=$SECONDS
 say() { echo "$*" | tee -a "$log"; }
 section() { say ""; say "=== $* ($((SECONDS - t_start)) s)"; }
+# left: seconds until the deadline, less the 20 s kept for the summary
+left() { echo $((deadline - 20 - (SECONDS - t_start))); }
+# clip T: T seconds, or what is left before the deadline where that is less (at least 5)
+clip() {
+  local l
+  l=$(left)
+  if ((l < $1)); then echo $((l < 5 ? 5 : l)); else echo "$1"; fi
+}
+# late: true, and says so, where too little is left before the deadline to start a phase
+late() {
+  (($(left) >= 30)) && return 1
+  say "not run: the run's deadline (DEADLINE_S=$deadline) is near, $((SECONDS - t_start)) s gone"
+}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OPENBLAS_NUM_THREADS=1 PYTHONUNBUFFERED=1
 
@@ -160,7 +177,7 @@ else
   t0=$SECONDS
   while IFS=$'\t' read -r name bin ranks; do
     tl=$work/tests/$name.log
-    if ((SECONDS - t0 > ${TEST_BUDGET_S:-180})); then
+    if ((SECONDS - t0 > ${TEST_BUDGET_S:-180} || $(left) < 20)); then
       printf '%s\t%s\tnot run\t-\t-\t-\t-\n' "$name" "$ranks" >> "$tests_tsv"; continue
     fi
     s=$SECONDS
@@ -170,6 +187,7 @@ else
       left=$((${TEST_BUDGET_S:-180} + 30 - (SECONDS - t0)))
       tmax=${APP_TEST_TIMEOUT:-240}
       ((left < tmax)) && tmax=$((left < 30 ? 30 : left))
+      tmax=$(clip "$tmax")
       (cd "$work/scratch" && LOCUS_MPIEXEC=mpirun timeout -k 5 "$tmax" \
          "$py" "$LOCUS_SOURCE_DIR/tests/apps/${bin#script:}" "$bundle/apps" "$ranks") \
         > "$tl" 2>&1 < /dev/null
@@ -192,12 +210,19 @@ else
     left=$((${TEST_BUDGET_S:-180} + 30 - (SECONDS - t0)))
     tmax=${TEST_TIMEOUT:-90}
     ((left < tmax)) && tmax=$((left < 20 ? 20 : left))
+    tmax=$(clip "$tmax")
     (cd "$work/scratch" && run_mpi "$ranks" "$tmax" "$bundle/tests/$bin" --gtest_brief=1 \
        --gtest_color=no "${xml[@]}") > "$tl" 2>&1 < /dev/null
     rc=$?
-    if ((rc != 0 && ranks == 1)) && [[ ${LAUNCH:-auto} == auto ]] && ! grep -q '^\[==========\]' "$tl"; then
-      # never got to gtest: the singleton MPI start may be what failed; once more under mpirun
+    # Never got to gtest (brief output prints its first line only at the end, so a hang or a
+    # crash would look the same: a timeout is not retried): the singleton MPI start may be what
+    # failed; once more under mpirun, within what is left of the budget.
+    if ((rc != 0 && rc != 124 && rc != 137 && ranks == 1)) && [[ ${LAUNCH:-auto} == auto ]] &&
+       ! grep -q '^\[==========\]' "$tl"; then
       mv "$tl" "$tl.direct"
+      left=$((${TEST_BUDGET_S:-180} + 30 - (SECONDS - t0)))
+      ((left < tmax)) && tmax=$((left < 20 ? 20 : left))
+      tmax=$(clip "$tmax")
       (cd "$work/scratch" && LAUNCH=mpirun run_mpi 1 "$tmax" "$bundle/tests/$bin" --gtest_brief=1 \
          --gtest_color=no "${xml[@]}") > "$tl" 2>&1 < /dev/null
       rc=$?
@@ -214,8 +239,10 @@ if [[ $skip == *" gather "* ]]; then
   say "skipped (SKIP)"
 elif [[ ! -x $bundle/bench/locus_gather_bench ]]; then
   say "not in the bundle (a build without CUDA?)"
+elif late; then
+  :
 elif ((gpu)); then
-  timeout -k 5 "${GATHER_TIMEOUT:-60}" "$bundle/bench/locus_gather_bench" > "$gather_table" 2>&1 < /dev/null
+  timeout -k 5 "$(clip "${GATHER_TIMEOUT:-60}")" "$bundle/bench/locus_gather_bench" > "$gather_table" 2>&1 < /dev/null
   say "rc $?"
   tee -a "$log" < "$gather_table"
 else
@@ -228,33 +255,42 @@ section "NCCL with 2 ranks on one GPU (a host id per rank: test device only)"
 # with the trick, then, where it works, locus's NCCL reducer, stage link and trainers through it.
 if [[ $skip == *" hostid "* ]]; then
   say "skipped (SKIP)"
+elif late; then
+  :
 elif ((gpu)); then
-  timeout -k 5 "${HOSTID_TIMEOUT:-80}" "$py" "$here/nccl_hostid_probe.py" --timeout 35 2>&1 |
-    tee -a "$log" | tee "$work/hostid.log"
+  # A soft budget (HOSTID_BUDGET_S, default 240 s) as in the tests phase, from the probe on:
+  # nothing starts after it, and each limit shrinks so that the phase ends within it + 30 s (at
+  # least 30 s each). The probe tries the trick alone (PyTorch's refusal of two ranks on one GPU
+  # without it was shown in run 1; HOSTID_PROBE_PLAIN=1 tries that too).
+  t0=$SECONDS hb=${HOSTID_BUDGET_S:-240}
+  probe_cases=hostid
+  [[ ${HOSTID_PROBE_PLAIN:-0} == 1 ]] && probe_cases=plain,hostid
+  timeout -k 5 "$(clip "${HOSTID_TIMEOUT:-60}")" "$py" "$here/nccl_hostid_probe.py" --timeout 40 \
+    --cases "$probe_cases" 2>&1 | tee -a "$log" | tee "$work/hostid.log"
   if grep -q '^nccl_hostid hostid ok' "$work/hostid.log"; then
     mkdir -p "$work/scratch"
-    # The NCCL reducer and stage link, and the trainers over them (2 stages: NCCL link bitwise
-    # the host-staged one; every pipeline test there goes through NCCL, three communicators per
-    # trainer over sockets, hence the longer limit); the pipeline's labels past MPI's eager
-    # limit once more with MPI over TCP (a send left pending there needs its rank's progress);
-    # the link once more as a 4-rank pipeline, and last the trainer over it with 4 stages.
+    # The NCCL reducer and stage link; the pipeline trainers over the link (2 stages: NCCL link
+    # bitwise the host-staged one; every pipeline test there goes through NCCL, three
+    # communicators per trainer over sockets, hence the longer limit); the pipeline's labels
+    # past MPI's eager limit once more with MPI over TCP (a send left pending there needs its
+    # rank's progress); the link as a 4-rank pipeline, and the trainer over it with 4 stages and
+    # with 2 stages x 2 replicas (the link beside the NCCL reducer); last the whole-model trainer
+    # over the NCCL reducer (run 1 passed its first 5 tests that way; dropped first).
     # Each entry: binary:ranks:seconds[:gtest filter[:tcp]] (HOSTID_TEST_TIMEOUT overrides the
     # seconds; tcp: Open MPI's ob1 over TCP on loopback instead of shared memory).
-    # A soft budget (HOSTID_BUDGET_S, default 240 s) as in the tests phase: nothing starts after
-    # it, and each limit shrinks so that the phase ends within it + 30 s (at least 30 s each).
-    t0=$SECONDS hb=${HOSTID_BUDGET_S:-240}
-    for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_cuda_trainer:2:90 \
-                test_cuda_pipeline:2:150 'test_cuda_pipeline:2:60:*EagerLimit*:tcp' \
-                test_nccl_link:4:90 'test_cuda_pipeline:4:120:*NcclLinkTrains*'; do
+    for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_cuda_pipeline:2:150 \
+                'test_cuda_pipeline:2:60:*EagerLimit*:tcp' test_nccl_link:4:90 \
+                'test_cuda_pipeline:4:150:*NcclLink*' test_cuda_trainer:2:150; do
       IFS=: read -r t n limit filter transport <<< "$spec"
       [[ -x $bundle/tests/$t ]] || continue
       name=$t.hostid${transport:+-$transport}.np$n
-      if ((SECONDS - t0 > hb)); then
+      if ((SECONDS - t0 > hb || $(left) < 20)); then
         printf '%s\t%s\tnot run\t-\t-\t-\t-\n' "$name" "$n" >> "$tests_tsv"; continue
       fi
       limit=${HOSTID_TEST_TIMEOUT:-$limit}
       left=$((hb + 30 - (SECONDS - t0)))
       ((left < limit)) && limit=$((left < 30 ? 30 : left))
+      limit=$(clip "$limit")
       tl=$work/tests/$name.log s=$SECONDS
       (cd "$work/scratch" || exit 1
        if [[ $transport == tcp ]]; then
@@ -267,8 +303,14 @@ elif ((gpu)); then
     # The host's cost of enqueueing each NCCL call at 2 ranks (world size 1 takes a shortcut):
     # the reducer's non-blocking communicator against a blocking one. The device times of this
     # run are those of sockets between two processes on one GPU: not figures of a real link.
-    if [[ -x $bundle/bench/locus_nccl_reducer_bench ]]; then
-      (cd "$work/scratch" && run_mpi 2 "${REDUCER_TIMEOUT:-60}" "$here/hostid_rank.sh" \
+    # Within the phase's budget, as its tests (SKIP="reducer" leaves it out too).
+    limit=$((hb + 30 - (SECONDS - t0)))
+    ((limit > ${REDUCER_TIMEOUT:-60})) && limit=${REDUCER_TIMEOUT:-60}
+    limit=$(clip "$limit")
+    if [[ $skip == *" reducer "* ]] || ((SECONDS - t0 > hb || $(left) < 20)); then
+      say "locus_nccl_reducer_bench at 2 ranks (host ids): not run (SKIP, or the budget is spent)"
+    elif [[ -x $bundle/bench/locus_nccl_reducer_bench ]]; then
+      (cd "$work/scratch" && run_mpi 2 "$limit" "$here/hostid_rank.sh" \
          "$bundle/bench/locus_nccl_reducer_bench" --min-bytes 65536 --max-bytes 1048576 --iters 10) \
         > "$work/nccl_reducer_hostid.txt" 2>&1 < /dev/null
       say "locus_nccl_reducer_bench at 2 ranks (host ids): rc $?"
@@ -289,8 +331,10 @@ if [[ $skip == *" reducer "* ]]; then
   say "skipped (SKIP)"
 elif [[ ! -x $bundle/bench/locus_nccl_reducer_bench ]]; then
   say "not in the bundle (a build without NCCL?)"
+elif late; then
+  :
 elif ((gpu)); then
-  run_mpi 1 "${REDUCER_TIMEOUT:-60}" "$bundle/bench/locus_nccl_reducer_bench" --iters 20 \
+  run_mpi 1 "$(clip "${REDUCER_TIMEOUT:-60}")" "$bundle/bench/locus_nccl_reducer_bench" --iters 20 \
     > "$reducer_table" 2>&1 < /dev/null
   say "rc $?"
   cat "$reducer_table" | tee -a "$log"
@@ -301,9 +345,14 @@ fi
 section "locus-train on the GPU (gpu_train_bench.sh)"
 if [[ $skip == *" locus "* ]]; then
   say "skipped (SKIP)"
+elif late; then
+  :
 else
+  # The soft budget shrinks with the hard limit where the deadline clips it.
   lb=${LOCUS_BUDGET_S:-120} st=${STEP_TIMEOUT:-40}
-  DATA='' TITLE='' BUDGET_S=$lb STEP_TIMEOUT=$st PYTHON=$py timeout -k 10 "$((lb + st + 30))" \
+  hard=$(clip $((lb + st + 30)))
+  ((hard < lb + st + 30)) && lb=$((hard - st - 30 < 5 ? 5 : hard - st - 30))
+  DATA='' TITLE='' BUDGET_S=$lb STEP_TIMEOUT=$st PYTHON=$py timeout -k 10 "$hard" \
     "$here/gpu_train_bench.sh" "$bundle" "$work/locus" 2>&1 | tee -a "$log"
   cp "$work/locus/gpu_train_bench.tsv" "$out/" 2> /dev/null
   tar -C "$work" -czf "$out/locus.tar.gz" --exclude='*.h5' locus 2> /dev/null
@@ -312,6 +361,8 @@ fi
 section "locus-train, deep MLP 784-2048x7-10 bf16 AdamW (gpu_train_bench.sh)"
 if [[ $skip == *" deep "* ]]; then
   say "skipped (SKIP)"
+elif late; then
+  :
 elif ((gpu)); then
   # The workload of torch_gpu_bench.py's deep-mlp (AdamW lr 3e-4, weight decay 0.01, no
   # clipping), batch 4096, device cache and streamed.
@@ -320,7 +371,8 @@ elif ((gpu)); then
            --optim.lr=0.0003 --optim.weight_decay=0.01 --optim.clip_max_norm=0" \
     DATA='' TITLE="deep MLP 784-2048x7-10 bf16 AdamW" \
     BUDGET_S=${DEEP_BUDGET_S:-40} STEP_TIMEOUT=${STEP_TIMEOUT:-40} PYTHON=$py \
-    timeout -k 10 120 "$here/gpu_train_bench.sh" "$bundle" "$work/locus/deep" 2>&1 | tee -a "$log"
+    timeout -k 10 "$(clip 120)" "$here/gpu_train_bench.sh" "$bundle" "$work/locus/deep" 2>&1 |
+    tee -a "$log"
   rm -f "$work/locus/deep/train.h5"
 else
   say "no GPU: not run"
@@ -330,13 +382,15 @@ section "locus-train, SimpleNet 1024-512-10 Adam (gpu_train_bench.sh)"
 sn_data=$work/simplenet.h5
 if [[ $skip == *" simplenet "* ]]; then
   say "skipped (SKIP)"
+elif late; then
+  :
 elif ((gpu)); then
   # The workload of torch_gpu_bench.py's simplenet (Adam lr 1e-3, betas 0.9/0.999, eps 1e-8, no
   # weight decay, no clipping, ReLU, fp32 without tf32), batch 64 and 4096, device cache and
   # streamed, on a synthetic file (make_simplenet_data.py: 1024 N(0, 1) features, labels of a
   # fixed linear teacher, seed 1) that the PyTorch phase below reads too (--simplenet-data).
   # The file (256 MiB at 65536 rows) stays under $work until the end.
-  timeout -k 5 30 "$py" "$here/make_simplenet_data.py" "$sn_data" --rows "${SIMPLENET_ROWS:-65536}" \
+  timeout -k 5 "$(clip 30)" "$py" "$here/make_simplenet_data.py" "$sn_data" --rows "${SIMPLENET_ROWS:-65536}" \
     2>&1 | tee -a "$log"
   if [[ -f $sn_data ]]; then
     sb=${SIMPLENET_BUDGET_S:-30}
@@ -346,7 +400,7 @@ elif ((gpu)); then
              --optim.lr=0.001 --optim.beta1=0.9 --optim.beta2=0.999 --optim.eps=1e-08
              --optim.weight_decay=0 --optim.clip_max_norm=0" \
       BUDGET_S=$sb STEP_TIMEOUT=${SIMPLENET_STEP_TIMEOUT:-30} PYTHON=$py \
-      timeout -k 10 "${SIMPLENET_TIMEOUT:-60}" "$here/gpu_train_bench.sh" "$bundle" "$work/locus/simplenet" \
+      timeout -k 10 "$(clip "${SIMPLENET_TIMEOUT:-60}")" "$here/gpu_train_bench.sh" "$bundle" "$work/locus/simplenet" \
       2>&1 | tee -a "$log"
   else
     say "make_simplenet_data.py wrote no file: not run"
@@ -360,8 +414,10 @@ section "the training monitors' cost on the GPU (locus_monitor_bench, 1 rank)"
 # detectors against none, alternating, on the device-cached Fashion-MNIST MLP at batch 128.
 if [[ $skip == *" monitors "* ]]; then
   say "skipped (SKIP)"
+elif late; then
+  :
 elif ((gpu)) && [[ -x $bundle/bench/locus_monitor_bench && -f $work/locus/train.h5 ]]; then
-  run_mpi 1 "${MONITOR_TIMEOUT:-60}" "$bundle/bench/locus_monitor_bench" --data "$work/locus/train.h5" \
+  run_mpi 1 "$(clip "${MONITOR_TIMEOUT:-60}")" "$bundle/bench/locus_monitor_bench" --data "$work/locus/train.h5" \
     --backend cuda --cache-mb 1024 --batch 128 --steps "${MONITOR_STEPS:-2000}" --rounds 3 \
     --log-every 100 > "$work/locus/monitor_bench.txt" 2>&1 < /dev/null
   say "rc $?"
@@ -373,9 +429,12 @@ fi
 section "kernel times of a locus-train step (Nsight Compute, eager launches)"
 if [[ $skip == *" profile "* ]]; then
   say "skipped (SKIP)"
+elif late; then
+  :
 elif ((gpu)) && [[ -f $work/locus/train.h5 ]]; then
   for pb in ${PROFILE:-fp32:128 bf16:128}; do
-    timeout -k 5 150 "$here/kernel_profile.sh" "$bundle/apps" "$work/locus/train.h5" "${pb#*:}" \
+    (($(left) < 30)) && { say "profile $pb: not run (the deadline is near)"; continue; }
+    timeout -k 5 "$(clip 150)" "$here/kernel_profile.sh" "$bundle/apps" "$work/locus/train.h5" "${pb#*:}" \
       "${pb%%:*}" 2>&1 | tee -a "$log" >> "$work/locus/kernel_profile.txt"
   done
 else
@@ -389,6 +448,8 @@ section "locus-infer on the GPU vs h5py + PyTorch (infer_gpu_bench.py)"
 infer_line=$work/infer_gpu_line.txt
 if [[ $skip == *" infer "* ]]; then
   say "skipped (SKIP)"
+elif late; then
+  :
 else
   # >= 1M rows end to end (HDF5 read to durable output), both twice, alternated; the input
   # (3.3 GB) is written under $work and removed with it. Without a GPU, the same steps on the
@@ -399,13 +460,13 @@ else
     say "no GPU: the script's steps on the cpu backend, 65536 rows (a check, not a benchmark)"
     infer_args=(--device cpu --rows 65536 --batch 4096 --block 16384 --ranks 2)
   fi
-  timeout -k 10 "${INFER_TIMEOUT:-150}" "$py" "$here/infer_gpu_bench.py" --apps "$bundle/apps" \
+  timeout -k 10 "$(clip "${INFER_TIMEOUT:-150}")" "$py" "$here/infer_gpu_bench.py" --apps "$bundle/apps" \
     --work "$work/infer" "${infer_args[@]}" 2>&1 | tee -a "$log" | tee "$work/infer.log"
   grep '^infer_gpu ' "$work/infer.log" > "$infer_line" || say "infer_gpu_bench.py gave no result line"
   # The same file's features read stripe by stripe as locus-infer reads them: H5Dread, plain
   # pread, io::RowReader at 1-8 threads (this host's page-cache copy speed; no GPU involved).
-  if [[ -x $bundle/bench/locus_row_read && -f $work/infer/infer-input.h5 ]]; then
-    timeout -k 5 60 "$bundle/bench/locus_row_read" --reps 3 --threads 1,2,4,8 \
+  if [[ -x $bundle/bench/locus_row_read && -f $work/infer/infer-input.h5 ]] && (($(left) >= 20)); then
+    timeout -k 5 "$(clip 60)" "$bundle/bench/locus_row_read" --reps 3 --threads 1,2,4,8 \
       "$work/infer/infer-input.h5" 2>&1 | tee -a "$log" | tee "$work/row_read.txt"
     awk '/RowReader|H5Dread|plain bytes/ {print "row_read " $0}' "$work/row_read.txt" >> "$infer_line"
   fi
@@ -415,14 +476,19 @@ fi
 section "PyTorch on the GPU (torch_gpu_bench.py)"
 if [[ $skip == *" torch "* ]]; then
   say "skipped (SKIP)"
+elif late; then
+  :
 else
-  targs=(--out "$out/torch_gpu_bench.jsonl" --budget-s "${TORCH_BUDGET_S:-120}")
+  tb=${TORCH_BUDGET_S:-120}
+  hard=$(clip $((tb + 50)))
+  ((hard < tb + 50)) && tb=$((hard - 50 < 10 ? 10 : hard - 50))
+  targs=(--out "$out/torch_gpu_bench.jsonl" --budget-s "$tb")
   ((gpu)) || targs+=(--device cpu --quick)
   # simplenet on the rows locus-train's SimpleNet phase trained on
   [[ -f $sn_data ]] && targs+=(--simplenet-data "$sn_data")
   # shellcheck disable=SC2206
   targs+=(${TORCH_ARGS:-})
-  timeout -k 10 "$((${TORCH_BUDGET_S:-120} + 50))" "$py" "$here/torch_gpu_bench.py" "${targs[@]}" 2>&1 | tee -a "$log"
+  timeout -k 10 "$hard" "$py" "$here/torch_gpu_bench.py" "${targs[@]}" 2>&1 | tee -a "$log"
 fi
 
 section "counts with the measured peaks"
@@ -447,7 +513,8 @@ say "counts.py ${peaks:-(defaults: no GPU peaks measured)}"
 cat "$out/counts.txt" >> "$log"
 
 section "summary"
-"$py" "$here/summarize_gpu.py" --gpu "$gpu" --tests "$tests_tsv" --locus "$out/gpu_train_bench.tsv" \
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1)
+"$py" "$here/summarize_gpu.py" --gpu "$gpu" --gpu-name "$gpu_name" --tests "$tests_tsv" --locus "$out/gpu_train_bench.tsv" \
   --torch "$out/torch_gpu_bench.jsonl" --simplenet "$work/locus/simplenet/gpu_train_bench.tsv" \
   > "$out/summary.txt" 2>> "$log" ||
   { echo "summarize_gpu.py failed; raw tables:"

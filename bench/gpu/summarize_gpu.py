@@ -58,8 +58,11 @@ def tests_part(rows):
         lines.append(f"  {r['test']:<40} np{r['ranks']:<3} {r['status']:<8} {r['passed']:>4} {r['failed']:>4} {r['skipped']:>4}  {r['seconds']}s")
         for i, k in enumerate(("passed", "failed", "skipped")):
             tot[i] += int(r[k]) if r[k].isdigit() else 0
-    bad = [r["test"] for r in rows if r["status"] not in ("ok", "skipped")]
+    bad = [r["test"] for r in rows if r["status"] not in ("ok", "skipped", "not run")]
+    unrun = [r["test"] for r in rows if r["status"] == "not run"]
     lines.append(f"  total: {tot[0]} passed, {tot[1]} failed, {tot[2]} skipped; binaries not ok: {', '.join(bad) or 'none'}")
+    if unrun:
+        lines.append(f"  not run (the phase's budget or the run's deadline was spent): {', '.join(unrun)}")
     return lines
 
 
@@ -72,6 +75,8 @@ def torch_index(recs):
 
 
 def locus_part(rows, tidx, peaks):
+    if not rows and not any(k[0] == "fashion-mnist" for k in tidx):
+        return ["", "Fashion-MNIST 784-256-128-10: not run (SKIP, the deadline, or no table)"]
     lines = ["", "Fashion-MNIST 784-256-128-10, samples/s: locus-train (cuda; cached = device cache, stream "
              "= pinned host batches, str8 = the same by 8 gather threads, map = loader.gather = device; "
              "graphs on) vs PyTorch (resident "
@@ -178,6 +183,7 @@ def torch_part(recs, tidx):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--gpu", default="1")
+    p.add_argument("--gpu-name", default="", help="the device's name where PyTorch's phase did not run")
     p.add_argument("--tests")
     p.add_argument("--locus")
     p.add_argument("--torch")
@@ -186,7 +192,8 @@ def main():
     recs = read_jsonl(a.torch)
     env = next((r for r in recs if r.get("kind") == "env"), {})
     peaks = next((r for r in recs if r.get("kind") == "peaks"), {})
-    out = [f"=== GPU verification summary: {'GPU ' + env.get('gpu', '?') if a.gpu == '1' else 'NO GPU (CPU-side checks only)'}"
+    gpu = env.get("gpu") or a.gpu_name or "?"
+    out = [f"=== GPU verification summary: {'GPU ' + gpu if a.gpu == '1' else 'NO GPU (CPU-side checks only)'}"
            f"; torch {env.get('torch', '?')} cuda {env.get('cuda', '-')}"]
     if peaks:
         out.append(f"peaks (size {peaks.get('size')}): pinned H2D {fmt(peaks.get('h2d_pinned_GB_s'), '{:.1f}')} GB/s, "
