@@ -66,7 +66,9 @@ class NcclReducer final : public GradientReducer {
     // while unwinding (a peer's error, a timeout) at once: the peers may be gone, and a wait
     // here would hold the job's exit for the whole timeout.
     if (nccl_) {
-      bool healthy = std::uncaught_exceptions() == 0 && nccl_->get() != nullptr;
+      // A step begun and never finished (its caller gave up) may hold buckets no peer will
+      // join: aborted, as while unwinding.
+      bool healthy = std::uncaught_exceptions() == 0 && nccl_->get() != nullptr && !in_step_;
       if (healthy) {
         try {
           nccl_->await("the last gradient all-reduce",

@@ -388,8 +388,12 @@ TrainState& Trainer::state() noexcept {
 }
 const TrainState& Trainer::state() const noexcept { return impl_->state; }
 const TrainState& Trainer::synced_state() {
-  // A state written since the backend last loaded it is newer than the backend's copy.
-  if (!impl_->host_dirty) impl_->compute->sync_to_host();
+  // A state written since the backend last loaded it is newer than the backend's copy. The
+  // copy waits for the last step's all-reduce: the reducer watches its peers meanwhile.
+  if (!impl_->host_dirty) {
+    impl_->settle();
+    impl_->compute->sync_to_host();
+  }
   return impl_->state;
 }
 const TrainOptions& Trainer::options() const noexcept { return impl_->opts; }

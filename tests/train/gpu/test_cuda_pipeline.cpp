@@ -243,6 +243,43 @@ TEST_F(CudaPipeline, NcclLinkTrainsBitwiseAsTheHostStagedLink) {
   if (!refused.empty()) skip_without_nccl(refused);
 }
 
+// Two stages, each on two data-parallel ranks (4 ranks): the NCCL link and the NCCL reducer in
+// one process at once -- the link's communicators (one a direction) over each pipeline's ranks,
+// the reducer's over each stage's replicas -- train bitwise as the host-staged link and reducer
+// (the reduction sums two ranks' gradients: the same bits either way). Per step the last stage's
+// loss waits for the previous step's all-reduce as well as for the activations received.
+TEST_F(CudaPipeline, NcclLinkBesideTheNcclReducerTrainsBitwiseAsTheHostStagedOnes) {
+  if (world_size() != 4) GTEST_SKIP() << "2 stages x 2 data-parallel ranks run at 4 ranks";
+  TrainOptions o = options(data(), "cuda", 2, 3, PipelineSchedule::one_f_one_b);
+  o.stage_link.backend = comm::LinkBackend::mpi;
+  o.reducer.backend = comm::ReducerBackend::mpi;
+  const StageRun staged = train(o);
+  o.stage_link.backend = comm::LinkBackend::automatic;
+  o.reducer.backend = comm::ReducerBackend::automatic;
+  const Grid grid(mpi::Comm::world(), 2);
+  Trainer t(grid, o);
+  const std::string link = t.link_description(), reducer = t.reducer_description();
+  if (link.rfind("nccl", 0) != 0 || reducer.rfind("nccl", 0) != 0) {
+    skip_without_nccl("link " + link + "; reducer " + reducer);
+    return;
+  }
+  Recorder rec;
+  t.train(&rec);
+  const StageRun nccl = finish(t, rec);
+  EXPECT_EQ(nccl.params, staged.params);
+  EXPECT_EQ(nccl.optimizer, staged.optimizer);
+  ASSERT_EQ(nccl.steps.size(), 30u);
+  ASSERT_EQ(nccl.steps.size(), staged.steps.size());
+  for (std::size_t i = 0; i < staged.steps.size(); ++i) {
+    EXPECT_EQ(nccl.steps[i].loss, staged.steps[i].loss) << "step " << i;
+    EXPECT_EQ(nccl.steps[i].grad_norm, staged.steps[i].grad_norm) << "step " << i;
+  }
+  ASSERT_EQ(nccl.epochs.size(), staged.epochs.size());
+  for (std::size_t e = 0; e < staged.epochs.size(); ++e) {
+    EXPECT_EQ(nccl.epochs[e].eval.loss, staged.epochs[e].eval.loss) << "epoch " << e;
+  }
+}
+
 // A step's labels (and mse targets) go from stage 0 to the last stage by MPI beside the NCCL
 // link. At 20000 rows they are past MPI's eager limit (64 KiB over TCP; 4 KiB between processes
 // without single-copy), where a send left pending moves only while its rank calls MPI: stage 0,

@@ -2,8 +2,10 @@
 // batches give weights within 1e-4 (fp32), a bf16 loss curve inside a stated band, bitwise the
 // same result run after run and with or without CUDA graphs, and a resumed run bitwise equal
 // to an uninterrupted one (GPU -> GPU) or within tolerance (CPU <-> GPU). At 2 ranks the
-// gradients go through the host-staged MPI reducer. Without a device every case skips, except
-// the one that checks the refusal itself.
+// gradients go through train.reducer = auto's choice: the host-staged MPI reducer where the
+// ranks share a GPU (ctest on one GPU), NCCL where each has a GPU of its own or claims a host of
+// its own (run_gpu.sh's host-id phase). Without a device every case skips, except the one that
+// checks the refusal itself.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -71,7 +71,10 @@ void PipelineCompute::optimizer_step(double lr, double clip_max_norm) {
   stage_->ops().update(lr, scale);
 }
 
-double PipelineCompute::grad_squares() { return stage_->ops().grad_sum_of_squares(); }
+double PipelineCompute::grad_squares() {
+  stage_->settle_reduction();  // the sum waits for the step's all-reduce
+  return stage_->ops().grad_sum_of_squares();
+}
 
 void PipelineCompute::drain_stats(std::vector<LossStats>& out) {
   out.insert(out.end(), pending_.begin(), pending_.end());
@@ -83,6 +86,9 @@ LossStats PipelineCompute::evaluate(const Batch& batch) {
 }
 
 void PipelineCompute::sync_from_host() { stage_->ops().sync_from_host(); }
-void PipelineCompute::sync_to_host() { stage_->ops().sync_to_host(); }
+void PipelineCompute::sync_to_host() {
+  stage_->settle_reduction();  // the state's copy waits for the last step's all-reduce
+  stage_->ops().sync_to_host();
+}
 
 }  // namespace locus::train

@@ -258,8 +258,10 @@ LossStats PipelineStage::Impl::loss_of(int m, bool want_grad) {
   const auto n = static_cast<std::size_t>(s.act->rows());
   const auto lab = labels.empty() ? labels : labels.subspan(first, n);
   const auto tgt = targets.empty() ? targets : targets.subspan(first * classes, n * classes);
-  // The loss waits (on the host) for the logits, which wait for the received activations: the
-  // link watches its peers meanwhile (NCCL; a no-op for host links).
+  // The loss waits (on the host) for the logits, which wait for the received activations and
+  // for the previous step's all-reduce (the stage's next update, and its stream, wait for it):
+  // the reducer and the link watch their peers meanwhile (NCCL; no-ops for host ones).
+  reducer->settle(s.act->output().stream);
   link->settle(s.act->output().stream);
   return layer_ops->loss(*s.act, loss, lab, tgt, divisor, want_grad);
 }

@@ -90,9 +90,12 @@ LossStats PipelineStage::evaluate(const PipelineBatch& batch) {
   return m.share(local);
 }
 
-double PipelineStage::grad_norm() const {
-  // The sum waits (on the host) for the stage's all-reduce: the reducer watches its peers.
+void PipelineStage::settle_reduction() const {
   impl_->reducer->settle(impl_->layer_ops->grads().stream);
+}
+
+double PipelineStage::grad_norm() const {
+  settle_reduction();  // the sum waits (on the host) for the stage's all-reduce
   double squares = impl_->layer_ops->grad_sum_of_squares();
   if (impl_->stages > 1) squares = impl_->pp.allreduce(squares, MPI_SUM);
   return std::sqrt(squares);

@@ -167,6 +167,12 @@ class PipelineStage {
   // stage's slice. Every rank gets the same value.
   double grad_norm() const;
 
+  // Blocks until the stage's gradient reduction enqueued so far has completed -- before the
+  // host reads what waits for it (its gradients, its state) -- watching the reducer's peers
+  // meanwhile (NCCL: a dead one ends in an NcclError within train.reducer_timeout_s; host
+  // reducers have blocked already).
+  void settle_reduction() const;
+
   // The backend's operations the stage computes on.
   detail::LayerOps& ops() noexcept;
 
