@@ -182,5 +182,54 @@ TEST_F(NcclReducer, AReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) 
   world.barrier();
 }
 
+// As above, but the peer never joins the communicator's very first reduction: its connections
+// are still to be made (NCCL makes them at the first collective, on a non-blocking
+// communicator in a thread of its own), so rank 0 gives up while NCCL may still be connecting
+// -- inside ncclAllReduce's enqueue, or in the wait after it -- and the abort must end that too.
+// Last in this file: were the abort to hang, the tests above have reported already.
+TEST_F(NcclReducer, AFirstReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) {
+  const mpi::Comm world = mpi::Comm::world();
+  if (world.size() < 2) GTEST_SKIP() << "a peer that never joins needs 2 ranks or more";
+  constexpr std::size_t n = std::size_t{1} << 20;
+  float* d = nullptr;
+  CU(cudaMalloc(&d, n * sizeof(float)));
+  CU(cudaMemset(d, 0, n * sizeof(float)));
+  GradientBuffer g{d, n, MemorySpace::cuda, producer_};
+  if (const std::string why = reason(g); !why.empty()) {
+    cudaFree(d);
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
+    GTEST_SKIP() << "the NCCL path needs a GPU per rank here: " << why;
+  }
+  ReducerOptions o;
+  o.backend = ReducerBackend::nccl;
+  o.timeout_s = 3;
+  const int r = world.rank();
+  test::GaveUp gave_up;
+  try {
+    auto reducer = make_nccl_reducer(world, g, o);
+    if (r == 0) {
+      gave_up = test::give_up(
+          [&] {
+            reducer->finish();
+            reducer->settle(producer_);
+          },
+          [&] { reducer.reset(); });
+    }
+    world.barrier();  // the peers keep their reducers until rank 0 has given up
+    if (r != 0) throw Unwind{};
+  } catch (const Unwind&) {
+  }
+  if (r == 0) {
+    // Where it gave up: in the enqueue (the call's name) or in the wait for the reduction.
+    EXPECT_TRUE(gave_up.error.find("ncclAllReduce") != std::string::npos ||
+                gave_up.error.find("gradient all-reduce") != std::string::npos)
+        << gave_up.error;
+    test::expect_gave_up_in_time(gave_up, "");
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the aborted reduction's kernel must end";
+  cudaFree(d);
+  world.barrier();
+}
+
 }  // namespace
 }  // namespace locus::comm
