@@ -582,7 +582,10 @@ TEST_F(CudaKernels, GatherBf16RowsFromMappedHostMemoryIsExact) {
         std::vector<Bf16Bits> host(offset + count);
         std::mt19937_64 bits(static_cast<std::uint64_t>(cols) * 10 + offset);
         for (std::size_t i = 0; i < count; ++i) {
-          host[offset + i] = static_cast<Bf16Bits>(bits());
+          // Never the poison's 0xFFFF: an element left unwritten must differ from its source.
+          do {
+            host[offset + i] = static_cast<Bf16Bits>(bits());
+          } while (host[offset + i] == 0xFFFF);
         }
         ASSERT_EQ(cudaHostRegister(host.data(), host.size() * sizeof(Bf16Bits),
                                    cudaHostRegisterMapped), cudaSuccess);
