@@ -40,6 +40,7 @@ set -uo pipefail
 t_start=$SECONDS
 deadline=${DEADLINE_S:-570}
 here=$(cd "$(dirname "$0")" && pwd)
+repo=$PWD  # run from the repository root: tests/apps/ are read from here
 bundle=$(cd "${1:?usage: bench/gpu/run_gpu.sh BUNDLE_DIR}" && pwd)
 out=${OUT:-/tmp/gpu-run-out}
 mkdir -p "$out"
@@ -160,6 +161,20 @@ record_gtest() {
   say "$name: $st, passed $p failed $f skipped $k"
 }
 
+# record_script NAME RANKS RC LOG START: an app test script's totals ('N passed, N failed';
+# exit 77 where it skips), as record_gtest.
+record_script() {
+  local name=$1 ranks=$2 rc=$3 tl=$4 start=$5 p f k=0 st=ok
+  p=$(grep -m1 -oP '^\K[0-9]+(?= passed, [0-9]+ failed)' "$tl" || echo 0)
+  f=$(grep -m1 -oP '^[0-9]+ passed, \K[0-9]+(?= failed)' "$tl" || echo 0)
+  ((rc == 77)) && { k=1; st=skipped; }
+  ((rc != 0 && rc != 77)) && st="rc=$rc"
+  ((rc == 124 || rc == 137)) && st=timeout
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$st" "$p" "$f" "$k" "$((SECONDS - start))" >> "$tests_tsv"
+  { echo "--- $name (ranks $ranks, rc $rc)"; cat "$tl"; } >> "$log"
+  say "$name: $st, passed $p failed $f"
+}
+
 section "GPU tests"
 tests_tsv=$work/tests.tsv
 printf 'test\tranks\tstatus\tpassed\tfailed\tskipped\tseconds\n' > "$tests_tsv"
@@ -191,16 +206,7 @@ else
       (cd "$work/scratch" && LOCUS_MPIEXEC=mpirun timeout -k 5 "$tmax" \
          "$py" "$LOCUS_SOURCE_DIR/tests/apps/${bin#script:}" "$bundle/apps" "$ranks") \
         > "$tl" 2>&1 < /dev/null
-      rc=$?
-      p=$(grep -m1 -oP '^\K[0-9]+(?= passed, [0-9]+ failed)' "$tl" || echo 0)
-      f=$(grep -m1 -oP '^[0-9]+ passed, \K[0-9]+(?= failed)' "$tl" || echo 0)
-      k=0 st=ok
-      ((rc == 77)) && { k=1; st=skipped; }
-      ((rc != 0 && rc != 77)) && st="rc=$rc"
-      ((rc == 124 || rc == 137)) && st=timeout
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$st" "$p" "$f" "$k" "$((SECONDS - s))" >> "$tests_tsv"
-      { echo "--- $name (ranks $ranks, rc $rc)"; cat "$tl"; } >> "$log"
-      say "$name: $st, passed $p failed $f"
+      record_script "$name" "$ranks" "$?" "$tl" "$s"
       continue
     fi
     xml=()
@@ -274,16 +280,25 @@ elif ((gpu)); then
     # communicators per trainer over sockets, hence the longer limit); the pipeline's labels
     # past MPI's eager limit once more with MPI over TCP (a send left pending there needs its
     # rank's progress); the link as a 4-rank pipeline, and the trainer over it with 4 stages and
-    # with 2 stages x 2 replicas (the link beside the NCCL reducer); last the whole-model trainer
-    # over the NCCL reducer (run 1 passed its first 5 tests that way; dropped first).
+    # with 2 stages x 2 replicas (the link beside the NCCL reducer); locus-train over the NCCL
+    # reducer with a rank killed or stopped in it (an app test script: NAME.py:ranks:seconds);
+    # last the whole-model trainer over the NCCL reducer (run 1 passed its first 5 tests that
+    # way; dropped first).
     # Each entry: binary:ranks:seconds[:gtest filter[:tcp]] (HOSTID_TEST_TIMEOUT overrides the
     # seconds; tcp: Open MPI's ob1 over TCP on loopback instead of shared memory).
     for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_cuda_pipeline:2:150 \
                 'test_cuda_pipeline:2:60:*EagerLimit*:tcp' test_nccl_link:4:90 \
-                'test_cuda_pipeline:4:150:*NcclLink*' test_cuda_trainer:2:150; do
+                'test_cuda_pipeline:4:150:*NcclLink*' test_train_nccl_app.py:2:90 \
+                test_cuda_trainer:2:150; do
       IFS=: read -r t n limit filter transport <<< "$spec"
-      [[ -x $bundle/tests/$t ]] || continue
-      name=$t.hostid${transport:+-$transport}.np$n
+      if [[ $t == *.py ]]; then
+        [[ -f $repo/tests/apps/$t ]] || continue
+        name=app_${t#test_}
+        name=${name%_app.py}.hostid.np$n
+      else
+        [[ -x $bundle/tests/$t ]] || continue
+        name=$t.hostid${transport:+-$transport}.np$n
+      fi
       if ((SECONDS - t0 > hb || $(left) < 20)); then
         printf '%s\t%s\tnot run\t-\t-\t-\t-\n' "$name" "$n" >> "$tests_tsv"; continue
       fi
@@ -292,6 +307,14 @@ elif ((gpu)); then
       ((left < limit)) && limit=$((left < 30 ? 30 : left))
       limit=$(clip "$limit")
       tl=$work/tests/$name.log s=$SECONDS
+      if [[ $t == *.py ]]; then
+        # Each rank of each run through hostid_rank.sh; the script itself must see NCCL run.
+        (cd "$work/scratch" && LOCUS_SOURCE_DIR=$repo LOCUS_BINARY_DIR=$bundle LOCUS_MPIEXEC=mpirun \
+           LOCUS_RANK_WRAPPER=$here/hostid_rank.sh LOCUS_REQUIRE_NCCL=1 timeout -k 5 "$limit" \
+           "$py" "$repo/tests/apps/$t" "$bundle/apps" "$n") > "$tl" 2>&1 < /dev/null
+        record_script "$name" "$n" "$?" "$tl" "$s"
+        continue
+      fi
       (cd "$work/scratch" || exit 1
        if [[ $transport == tcp ]]; then
          export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo

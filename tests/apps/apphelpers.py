@@ -16,11 +16,17 @@ class AppRunner:
         self.bindir = bindir
         self.ranks = ranks
         self.mpiexec = os.environ.get("LOCUS_MPIEXEC", "mpiexec")
+        # LOCUS_RANK_WRAPPER: a command each rank runs the app through (bench/gpu/hostid_rank.sh:
+        # a host id per rank, so that ranks on one GPU can form an NCCL communicator).
+        self.wrapper = os.environ.get("LOCUS_RANK_WRAPPER", "").split()
+
+    def command(self, app, *args, ranks=None):
+        n = ranks or self.ranks
+        return [self.mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(n), *self.wrapper,
+                os.path.join(self.bindir, app), *args]
 
     def run(self, app, *args, ranks=None, env=None, cwd=None):
-        n = ranks or self.ranks
-        cmd = [self.mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(n),
-               os.path.join(self.bindir, app), *args]
+        cmd = self.command(app, *args, ranks=ranks)
         full_env = dict(os.environ)
         full_env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                          "OPENBLAS_NUM_THREADS": "1"})

@@ -190,9 +190,8 @@ def test_watchdog_sleeps_through_a_suspension(r, tmp):
     prepare(r, tmp)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OPENBLAS_NUM_THREADS="1")
-    cmd = [r.mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(r.ranks),
-           os.path.join(r.bindir, "locus-train"), "--config", CONFIG, "--train.watchdog_s=2",
-           "--train.epochs=12", "--data.test="]
+    cmd = r.command("locus-train", "--config", CONFIG, "--train.watchdog_s=2", "--train.epochs=12",
+                    "--data.test=")
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     metrics = os.path.join(tmp, "tiny-metrics.jsonl")

@@ -39,8 +39,7 @@ def train(r, tmp, *args, env=None, ranks=None, preexec_fn=None):
 
 
 def launch_command(r, app, *args, env=None):
-    cmd = [r.mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(r.ranks),
-           os.path.join(r.bindir, app), *args]
+    cmd = r.command(app, *args)
     full_env = dict(os.environ)
     full_env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                      "OPENBLAS_NUM_THREADS": "1"})
