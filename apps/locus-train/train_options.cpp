@@ -120,6 +120,12 @@ void TrainSettings::register_options(Config& c) {
                "gradient all-reduce over the data-parallel ranks (auto: NCCL for GPU gradients "
                "where every rank has a GPU of its own, else MPI, host-staged for GPU "
                "gradients; nccl: an error where NCCL cannot run; cpu backend: MPI)");
+  c.add_choice("train.reducer_precision", reducer_precision, {"fp32", "bf16"},
+               "what the NCCL reducer sums in: fp32 (the gradients' own) or bf16 (each rank's "
+               "gradients rounded to bf16, summed in bf16, widened back: half the bytes "
+               "between the GPUs, 8 significant bits in the sum; the optimizer stays fp32). "
+               "bf16 is refused where the MPI reducer sums (cpu backend, host-staged GPU "
+               "gradients)");
   c.add_choice("train.reduction", reduction, {"auto", "flat", "hierarchical"},
                "MPI reducer: flat (every rank with every rank) or hierarchical (reduce to one "
                "leader per node, leaders in node order, broadcast back; bitwise equal to flat "
@@ -339,6 +345,7 @@ train::TrainOptions TrainSettings::to_options() const {
   o.reducer.bucket_bytes = static_cast<std::size_t>(bucket_kb) << 10;
   o.reducer.backend = comm::parse_reducer_backend(reducer);
   o.reducer.reduction = comm::parse_reduction(reduction);
+  o.reducer.precision = comm::parse_reduce_precision(reducer_precision);
   o.reducer.timeout_s = reducer_timeout_s;
   o.stage_link.backend = comm::parse_link_backend(stage_link);
   o.stage_link.timeout_s = reducer_timeout_s;

@@ -39,6 +39,7 @@ struct TrainSettings {
   std::string pipeline_schedule = "1f1b", stage_boundaries;
   std::int64_t bucket_kb = 4096, log_every = 100;
   std::string reducer = "auto", reduction = "auto", stage_link = "auto", gather = "host";
+  std::string reducer_precision = "fp32";
   double reducer_timeout_s = 600, watchdog_s = kWatchdogDefaultS;
   // [train] monitors
   std::string anomaly = "warn";

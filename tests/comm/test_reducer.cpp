@@ -388,3 +388,33 @@ TEST(Reducer, NcclIsRefusedWhereItCannotRun) {
   bad.timeout_s = -1;
   EXPECT_THROW(comm::make_gradient_reducer(world, grads, bad), ConfigError);
 }
+
+// train.reducer_precision = bf16 is the NCCL reducer's: the MPI reducer, which sums host
+// gradients in fp32, refuses it (agreed) naming the key and the way out.
+TEST(Reducer, Bf16SumsAreRefusedByTheMpiReducer) {
+  mpi::Comm world = mpi::Comm::world();
+  std::vector<float> grads(64);
+  ReducerOptions o;
+  o.precision = comm::ReducePrecision::bf16;
+  try {
+    comm::make_gradient_reducer(world, grads, o);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(e.agreed());
+    const std::string what = e.what();
+    EXPECT_NE(what.find("train.reducer_precision = bf16 sums in bf16 on the NCCL reducer only"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("the MPI reducer"), std::string::npos) << what;
+    EXPECT_NE(what.find("set train.reducer_precision = fp32"), std::string::npos) << what;
+  }
+  EXPECT_EQ(comm::parse_reduce_precision("bf16"), comm::ReducePrecision::bf16);
+  EXPECT_EQ(comm::to_string(comm::parse_reduce_precision("fp32")), "fp32");
+  try {
+    comm::parse_reduce_precision("fp16");
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.reducer_precision = fp16"), std::string::npos)
+        << e.what();
+  }
+}

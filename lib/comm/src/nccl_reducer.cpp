@@ -10,6 +10,10 @@
 // PREVIOUS step, the destructor) it polls NCCL's asynchronous error state and gives up after
 // options.timeout_s (train.reducer_timeout_s) with an NcclError naming the collective.
 //
+// train.reducer_precision = bf16: each bucket is rounded into a bf16 copy on the
+// communication stream, NCCL sums the copy in bf16, and the sum is widened back into the
+// bucket (nccl_bf16.hpp): half the bytes between the GPUs, 2 bytes of device memory a gradient.
+//
 // Determinism: NCCL's ring all-reduce adds in a fixed order for a fixed communicator, size
 // and algorithm; unless the user set them, NCCL_ALGO=Ring and NCCL_PROTO=Simple are pinned
 // before the communicator is made (README, "GPU training"), so the same run on the
@@ -21,12 +25,14 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <vector>
 
 #include "locus/comm/error.hpp"
 #include "locus/comm/reducer.hpp"
+#include "nccl_bf16.hpp"
 #include "nccl_comm.hpp"
 #include "nccl_entry.hpp"
 
@@ -51,6 +57,9 @@ class NcclReducer final : public GradientReducer {
       LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
       LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&settled_, cudaEventDisableTiming));
       for (auto& e : done_) LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      if (options_.precision == ReducePrecision::bf16 && size_ > 0) {
+        LOCUS_NCCL_CUDA(cudaMalloc(&wire_, size_ * sizeof(std::uint16_t)));
+      }
       build_buckets();
       pin_deterministic_algorithm();
       nccl_.emplace(comm_, "data-parallel",
@@ -96,8 +105,16 @@ class NcclReducer final : public GradientReducer {
       const Bucket& b = buckets_[next_++];
       float* p = data_ + b.offset;
       const ncclRedOp_t op = options_.mode == ReduceMode::average ? ncclAvg : ncclSum;
-      nccl_->issued(ncclAllReduce(p, p, b.count, ncclFloat32, op, nccl_->get(), stream_),
-                    "ncclAllReduce");
+      if (wire_ == nullptr) {
+        nccl_->issued(ncclAllReduce(p, p, b.count, ncclFloat32, op, nccl_->get(), stream_),
+                      "ncclAllReduce");
+        continue;
+      }
+      std::uint16_t* w = wire_ + b.offset;
+      round_to_bf16(p, w, b.count, stream_);
+      nccl_->issued(ncclAllReduce(w, w, b.count, ncclBfloat16, op, nccl_->get(), stream_),
+                    "ncclAllReduce (bf16)");
+      widen_from_bf16(w, p, b.count, stream_);
     }
   }
 
@@ -142,7 +159,9 @@ class NcclReducer final : public GradientReducer {
   std::string_view name() const noexcept override { return "nccl"; }
   int comm_size() const noexcept override { return comm_.size(); }
   std::string reduction() const override {
-    return "NCCL's own (topology-aware within and across nodes; train.reduction = auto)";
+    return fmt::format("NCCL's own (topology-aware within and across nodes; train.reduction = "
+                       "auto), summed in {} (train.reducer_precision)",
+                       to_string(options_.precision));
   }
 
  private:
@@ -153,6 +172,8 @@ class NcclReducer final : public GradientReducer {
       cudaStreamDestroy(stream_);
       stream_ = nullptr;
     }
+    if (wire_ != nullptr) cudaFree(wire_);
+    wire_ = nullptr;
     if (produced_ != nullptr) cudaEventDestroy(produced_);
     if (settled_ != nullptr) cudaEventDestroy(settled_);
     for (auto& e : done_) {
@@ -191,6 +212,7 @@ class NcclReducer final : public GradientReducer {
   cudaEvent_t produced_ = nullptr;
   cudaEvent_t settled_ = nullptr;  // settle(): recorded on the stream it waits for
   std::array<cudaEvent_t, 2> done_{};
+  std::uint16_t* wire_ = nullptr;  // bf16 sums: the buffer's bf16 copy (else null)
   int step_parity_ = 0;
   std::optional<NcclComm> nccl_;  // closed in the destructor, before the stream goes
   std::vector<Bucket> buckets_;

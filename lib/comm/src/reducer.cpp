@@ -52,12 +52,12 @@ void validate(const ReducerOptions& o) {
 // Collective over comm. Mismatched buffers or options would deadlock or mis-reduce later, far
 // from the cause: compare them now (max of v and of -v gives max and min in one call).
 void check_same_everywhere(const mpi::Comm& comm, std::size_t grads, const ReducerOptions& o) {
-  constexpr std::size_t n = 8;
+  constexpr std::size_t n = 9;
   const std::array<std::int64_t, n> v = {
       static_cast<std::int64_t>(grads), static_cast<std::int64_t>(o.bucket_bytes),
       static_cast<std::int64_t>(o.chunk_bytes), static_cast<std::int64_t>(o.small_bytes),
       o.max_in_flight, static_cast<std::int64_t>(o.mode), static_cast<std::int64_t>(o.backend),
-      static_cast<std::int64_t>(o.reduction)};
+      static_cast<std::int64_t>(o.reduction), static_cast<std::int64_t>(o.precision)};
   std::array<std::int64_t, 2 * n> mm{};
   for (std::size_t i = 0; i < n; ++i) {
     mm[i] = v[i];
@@ -66,7 +66,7 @@ void check_same_everywhere(const mpi::Comm& comm, std::size_t grads, const Reduc
   comm.allreduce_inplace(std::span<std::int64_t>(mm), MPI_MAX);
   static constexpr std::array<const char*, n> names = {
       "gradient buffer length", "bucket_bytes", "chunk_bytes", "small_bytes",
-      "max_in_flight", "mode", "backend", "reduction"};
+      "max_in_flight", "mode", "backend", "reduction", "precision"};
   for (std::size_t i = 0; i < n; ++i) {
     if (mm[i] == -mm[n + i]) continue;
     ConfigError e(fmt::format("the gradient reducer's {} differs across the {} ranks (from {} "
@@ -101,6 +101,28 @@ std::string_view to_string(ReducerBackend b) noexcept {
   return "?";
 }
 
+ReducePrecision parse_reduce_precision(std::string_view name) {
+  if (name == "fp32") return ReducePrecision::fp32;
+  if (name == "bf16") return ReducePrecision::bf16;
+  throw ConfigError(fmt::format("train.reducer_precision = {} is not a precision the reducer "
+                                "sums in: use fp32 or bf16",
+                                name));
+}
+
+std::string_view to_string(ReducePrecision p) noexcept {
+  switch (p) {
+    case ReducePrecision::fp32: return "fp32";
+    case ReducePrecision::bf16: return "bf16";
+  }
+  return "?";
+}
+
+std::string bf16_sum_refusal(std::string_view reducer) {
+  return fmt::format("train.reducer_precision = bf16 sums in bf16 on the NCCL reducer only, and "
+                     "this job's gradients go through {}: set train.reducer_precision = fp32",
+                     reducer);
+}
+
 Reduction parse_reduction(std::string_view name) {
   if (name == "auto") return Reduction::automatic;
   if (name == "flat") return Reduction::flat;
@@ -128,6 +150,9 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const mpi::Comm& comm,
           "train.reducer = nccl reduces GPU gradients, but these are in host memory: set "
           "train.reducer = auto or mpi, or train.backend = cuda ({})",
           LOCUS_WITH_NCCL ? "this build has NCCL" : "this build has no NCCL"));
+    }
+    if (options.precision != ReducePrecision::fp32) {
+      throw ConfigError(bf16_sum_refusal("the MPI reducer (they are in host memory)"));
     }
   });
   check_same_everywhere(comm, grads.size(), options);

@@ -7,6 +7,7 @@
 #include "cpu/cpu_compute.hpp"
 #include "cpu/cpu_layer_ops.hpp"
 #include "trainer_impl.hpp"
+#include "locus/comm/agree.hpp"
 #include "locus/comm/error.hpp"
 #include "locus/config.hpp"
 #include "locus/train/optim/clip.hpp"
@@ -97,6 +98,8 @@ std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& 
                                                     const mpi::Comm& dp,
                                                     const comm::ReducerOptions& options,
                                                     std::string* why) {
+  std::string unused;
+  if (why == nullptr) why = &unused;  // the reason is still named in a refusal below
   if (grads.space == comm::MemorySpace::host) {
     return comm::make_gradient_reducer(dp, grads.host(), options);
   }
@@ -106,15 +109,21 @@ std::unique_ptr<comm::GradientReducer> make_reducer(const comm::GradientBuffer& 
   if (options.backend == comm::ReducerBackend::automatic &&
       options.reduction != comm::Reduction::automatic) {
     // A chosen reduction order is the MPI reducer's: NCCL picks its own.
-    if (why != nullptr) {
-      *why = fmt::format("train.reduction = {} asks for the MPI reducer",
-                         comm::to_string(options.reduction));
-    }
+    *why = fmt::format("train.reduction = {} asks for the MPI reducer",
+                       comm::to_string(options.reduction));
   } else if (options.backend == comm::ReducerBackend::automatic) {
     const std::string reason = comm::nccl_unusable_reason(dp, grads);
     if (reason.empty()) return comm::make_nccl_reducer(dp, grads, options);
-    if (why != nullptr) *why = reason;
+    *why = reason;
   }
+  mpi::agree_on(dp, [&] {
+    if (options.precision == comm::ReducePrecision::fp32) return;
+    throw ConfigError(comm::bf16_sum_refusal(
+        options.backend == comm::ReducerBackend::mpi
+            ? std::string("the host-staged MPI reducer (train.reducer = mpi)")
+            : fmt::format("the host-staged MPI reducer (train.reducer = auto: not NCCL, as {})",
+                          *why)));
+  });
 #if LOCUS_WITH_CUDA
   return cuda::make_staged_reducer(grads, dp, options);
 #else

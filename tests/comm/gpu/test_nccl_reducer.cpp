@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -133,6 +135,87 @@ TEST_F(NcclReducer, StreamsBucketsAfterTheProducerAndMatchesMpi) {
   }
   cudaFree(slow);
   cudaFreeHost(pinned);
+  cudaFree(d);
+}
+
+// train.reducer_precision = bf16: each rank's gradients are rounded to bf16 (nearest, ties to
+// even), NCCL sums them in bf16, and the sum comes back widened: every result is a bf16 value
+// (its low 16 bits zero), at 1 rank exactly the rounded gradient, at 2 within one bf16 unit
+// of the float sum of the ranks' rounded gradients; bitwise repeatable, sum and average.
+float bf16_round(float x) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof(u));
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+TEST_F(NcclReducer, Bf16SumsRoundEachRanksGradientsAndRepeat) {
+  const mpi::Comm world = mpi::Comm::world();
+  constexpr std::size_t n = (std::size_t{1} << 18) + 5;
+  float* d = nullptr;
+  CU(cudaMalloc(&d, n * sizeof(float)));
+  GradientBuffer g{d, n, MemorySpace::cuda, producer_};
+  if (const std::string why = reason(g); !why.empty()) {
+    cudaFree(d);
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
+    GTEST_SKIP() << "the NCCL path needs a GPU per rank here: " << why;
+  }
+  // Values with more than bf16's 8 significant bits, different on every rank.
+  std::vector<float> mine(n), rounded(n);
+  std::mt19937 gen(static_cast<unsigned>(17 + world.rank()));
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  for (std::size_t i = 0; i < n; ++i) {
+    mine[i] = uniform(gen);
+    rounded[i] = bf16_round(mine[i]);
+  }
+  std::vector<float> want = rounded;
+  world.allreduce_inplace(std::span<float>(want), MPI_SUM);
+  for (const ReduceMode mode : {ReduceMode::presummed_average, ReduceMode::average}) {
+    ReducerOptions o;
+    o.backend = ReducerBackend::nccl;
+    o.mode = mode;
+    o.precision = ReducePrecision::bf16;
+    o.bucket_bytes = std::size_t{64} << 10;
+    o.timeout_s = 30;
+    auto reducer = make_nccl_reducer(world, g, o);
+    EXPECT_NE(reducer->reduction().find("summed in bf16"), std::string::npos)
+        << reducer->reduction();
+    const float scale = mode == ReduceMode::average ? 1.0f / static_cast<float>(world.size())
+                                                    : 1.0f;
+    std::vector<float> first;
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE(::testing::Message() << "mode " << static_cast<int>(mode) << " step " << step);
+      CU(cudaMemcpyAsync(d, mine.data(), n * sizeof(float), cudaMemcpyHostToDevice, producer_));
+      reducer->ready_from(n / 2);
+      reducer->finish();
+      reducer->settle(producer_);
+      std::vector<float> got(n);
+      CU(cudaMemcpyAsync(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, producer_));
+      CU(cudaStreamSynchronize(producer_));
+      std::size_t not_bf16 = 0, off = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t u = 0;
+        std::memcpy(&u, &got[i], sizeof(u));
+        not_bf16 += (u & 0xFFFFu) != 0 ? 1 : 0;
+        const float w = want[i] * scale;
+        // 2 ranks: one rounding of their sum; more: one per partial sum of the ring.
+        const float tol = world.size() == 1 ? 0.0f
+                                            : static_cast<float>(world.size() - 1) *
+                                                  (std::abs(w) / 128.0f + 1e-30f);
+        off += !(std::abs(got[i] - w) <= tol) ? 1 : 0;
+      }
+      EXPECT_EQ(not_bf16, 0u) << "results that are not bf16 values";
+      EXPECT_EQ(off, 0u) << "results off the sum of the rounded gradients";
+      if (step == 0) {
+        first = got;
+      } else {
+        EXPECT_EQ(std::memcmp(first.data(), got.data(), n * sizeof(float)), 0)
+            << "not bitwise repeatable";
+      }
+    }
+  }
   cudaFree(d);
 }
 

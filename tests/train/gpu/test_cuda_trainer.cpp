@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 #include <random>
 #include <string>
@@ -140,6 +141,47 @@ TEST_F(CudaTrainer, SameConfigTwiceIsBitwiseEqualWithAndWithoutGraphs) {
     for (std::size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);
     EXPECT_TRUE(same_on_all_ranks(mpi::Comm::world(), a.params));
   }
+}
+
+// train.reducer_precision = bf16: where the NCCL reducer runs (1 rank; 2 with a GPU or a host
+// id each), each step's gradients are summed in bf16 -- the loss curve inside the bf16 band of
+// the fp32 sums' (as Bf16LossCurveStaysInItsBand), the weights changed by the rounding, the
+// same bits run after run; where train.reducer = auto takes the host-staged MPI reducer (2
+// ranks sharing a GPU), an agreed ConfigError naming why.
+TEST_F(CudaTrainer, Bf16GradientSumsTrainNearFp32SumsAndRepeat) {
+  TrainOptions o = options(data(), "cuda");
+  const Outcome fp32 = train(o);
+  o.reducer.precision = comm::ReducePrecision::bf16;
+  std::optional<Outcome> a;
+  try {
+    a = train(o);
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(e.agreed());
+    const std::string what = e.what();
+    EXPECT_NE(what.find("train.reducer_precision = bf16 sums in bf16 on the NCCL reducer only"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("(train.reducer = auto: not NCCL, as data-parallel ranks 0 and 1 share "
+                        "GPU"),
+              std::string::npos)
+        << what;
+    const char* require = std::getenv("LOCUS_REQUIRE_NCCL");
+    if (require != nullptr && std::string(require) == "1") {
+      ADD_FAILURE() << "LOCUS_REQUIRE_NCCL=1, but the NCCL reducer did not run: " << what;
+    }
+    return;
+  }
+  const Outcome b = train(o);
+  EXPECT_EQ(a->params, b.params);
+  EXPECT_EQ(a->optimizer, b.optimizer);
+  EXPECT_NE(a->params, fp32.params) << "bf16 sums must have rounded the gradients";
+  ASSERT_EQ(a->steps.size(), fp32.steps.size());
+  for (std::size_t i = 0; i < fp32.steps.size(); ++i) {
+    EXPECT_NEAR(a->steps[i].loss, fp32.steps[i].loss, 0.05 * fp32.steps[i].loss + 0.02)
+        << "interval ending at step " << fp32.steps[i].step;
+  }
+  EXPECT_LE(relative(a->params, fp32.params), 3e-2);
+  EXPECT_TRUE(same_on_all_ranks(mpi::Comm::world(), a->params));
 }
 
 // The device cache gathers each batch on the GPU from the rank's resident rows, and

@@ -36,6 +36,16 @@ enum class Reduction { automatic, flat, hierarchical };
 Reduction parse_reduction(std::string_view name);  // "auto" | "flat" | "hierarchical"
 std::string_view to_string(Reduction r) noexcept;
 
+// train.reducer_precision: the element type the NCCL reducer sums in. fp32: the gradients' own
+// (bitwise the MPI reducer's sum at 2 ranks). bf16: each bucket is rounded to bf16 (nearest,
+// ties to even) on the device, summed in bf16 by NCCL, and widened back into the fp32 buffer:
+// half the bytes on the wire, at the cost of each rank's gradient and each partial sum keeping
+// 8 significant bits (the optimizer and its state stay fp32). The NCCL reducer only: the MPI
+// reducers (host gradients, or host-staged GPU ones) refuse bf16 (ConfigError).
+enum class ReducePrecision { fp32, bf16 };
+ReducePrecision parse_reduce_precision(std::string_view name);  // "fp32" | "bf16"
+std::string_view to_string(ReducePrecision p) noexcept;
+
 // Where a gradient buffer lives.
 enum class MemorySpace { host, cuda };
 
@@ -65,6 +75,7 @@ enum class ReduceMode {
 struct ReducerOptions {
   ReducerBackend backend = ReducerBackend::mpi;
   ReduceMode mode = ReduceMode::average;
+  ReducePrecision precision = ReducePrecision::fp32;
   Reduction reduction = Reduction::automatic;
   // Launch granularity of the streaming path: buckets are cut from the END of the buffer
   // (the backward pass fills it end first), so only the first bucket may be short.
@@ -180,5 +191,9 @@ std::unique_ptr<GradientReducer> make_nccl_reducer(const mpi::Comm& comm,
 
 // "NCCL 2.28.9", or "no NCCL in this build".
 std::string nccl_version();
+
+// What a ConfigError says of train.reducer_precision = bf16 where the gradients go through
+// `reducer` (an MPI reducer, and why), which sums in fp32 only.
+std::string bf16_sum_refusal(std::string_view reducer);
 
 }  // namespace locus::comm
