@@ -5,7 +5,7 @@
 # 1. the machine: nvidia-smi -L, driver and CUDA versions, PyTorch's view of the GPU
 # 2. libraries: the bundle's lib/ first; sonames the host still cannot resolve are taken from
 #    lib-extra.tar.xz, the host's CUDA directories or PyTorch's nvidia/* wheels
-# 3. every GPU test binary (gtest --gtest_brief=1; MPI tests at their ctest rank counts), the
+# 3. every GPU test binary (gtest, each test's result as it ends; MPI tests at their ctest rank counts), the
 #    device-side gather's bench by grid cap (locus_gather_bench, about 15 s), the NCCL tests
 #    and the NCCL reducer's bench at 2 and 4 ranks on the one GPU (host-id phase), the reducer's
 #    bench at 1 rank
@@ -149,11 +149,17 @@ run_mpi() {
 
 # record_gtest NAME RANKS RC LOG START: a gtest binary's totals (the MPI test main prints rank
 # 0's, gathered over all ranks) as a row of tests.tsv, its log into run.log, a line on screen.
+# A binary killed at its limit prints no totals: the tests that ended before are counted.
 record_gtest() {
   local name=$1 ranks=$2 rc=$3 tl=$4 start=$5 p f k st=ok
   p=$(grep -m1 -oP '\[  PASSED  \] \K[0-9]+' "$tl" || echo 0)
   f=$(grep -m1 -oP '\[  FAILED  \] \K[0-9]+(?= tests?,)' "$tl" || echo 0)
   k=$(grep -m1 -oP '\[  SKIPPED \] \K[0-9]+(?= tests?[,.])' "$tl" || echo 0)
+  if ! grep -q '^\[==========\] .* ran\.' "$tl"; then
+    p=$(grep -c '^\[       OK \] ' "$tl")
+    f=$(grep -cP '^\[  FAILED  \] \S+ \([0-9]+ ms\)$' "$tl")
+    k=$(grep -cP '^\[  SKIPPED \] \S+ \([0-9]+ ms\)$' "$tl")
+  fi
   ((rc != 0)) && st="rc=$rc"
   ((rc == 124 || rc == 137)) && st=timeout
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$st" "$p" "$f" "$k" "$((SECONDS - start))" >> "$tests_tsv"
@@ -217,19 +223,19 @@ else
     tmax=${TEST_TIMEOUT:-90}
     ((left < tmax)) && tmax=$((left < 20 ? 20 : left))
     tmax=$(clip "$tmax")
-    (cd "$work/scratch" && run_mpi "$ranks" "$tmax" "$bundle/tests/$bin" --gtest_brief=1 \
+    (cd "$work/scratch" && run_mpi "$ranks" "$tmax" "$bundle/tests/$bin" --gtest_brief=0 \
        --gtest_color=no "${xml[@]}") > "$tl" 2>&1 < /dev/null
     rc=$?
-    # Never got to gtest (brief output prints its first line only at the end, so a hang or a
-    # crash would look the same: a timeout is not retried): the singleton MPI start may be what
-    # failed; once more under mpirun, within what is left of the budget.
+    # Never got to gtest (no "[==========] Running" line; a timeout, a hang, is not retried):
+    # the singleton MPI start may be what failed; once more under mpirun, within what is left
+    # of the budget.
     if ((rc != 0 && rc != 124 && rc != 137 && ranks == 1)) && [[ ${LAUNCH:-auto} == auto ]] &&
        ! grep -q '^\[==========\]' "$tl"; then
       mv "$tl" "$tl.direct"
       left=$((${TEST_BUDGET_S:-180} + 30 - (SECONDS - t0)))
       ((left < tmax)) && tmax=$((left < 20 ? 20 : left))
       tmax=$(clip "$tmax")
-      (cd "$work/scratch" && LAUNCH=mpirun run_mpi 1 "$tmax" "$bundle/tests/$bin" --gtest_brief=1 \
+      (cd "$work/scratch" && LAUNCH=mpirun run_mpi 1 "$tmax" "$bundle/tests/$bin" --gtest_brief=0 \
          --gtest_color=no "${xml[@]}") > "$tl" 2>&1 < /dev/null
       rc=$?
       { echo "(direct start failed, output:)"; cat "$tl.direct"; } >> "$tl"
@@ -275,20 +281,20 @@ elif ((gpu)); then
     --cases "$probe_cases" 2>&1 | tee -a "$log" | tee "$work/hostid.log"
   if grep -q '^nccl_hostid hostid ok' "$work/hostid.log"; then
     mkdir -p "$work/scratch"
-    # The NCCL reducer and stage link; the pipeline trainers over the link (2 stages: NCCL link
+    # The NCCL reducer and stage link; locus-train over the NCCL reducer with a rank killed or
+    # stopped in it (an app test script: NAME.py:ranks:seconds); the pipeline trainers over the
+    # link (2 stages: NCCL link
     # bitwise the host-staged one; every pipeline test there goes through NCCL, three
     # communicators per trainer over sockets, hence the longer limit); the pipeline's labels
     # past MPI's eager limit once more with MPI over TCP (a send left pending there needs its
     # rank's progress); the link as a 4-rank pipeline, and the trainer over it with 4 stages and
-    # with 2 stages x 2 replicas (the link beside the NCCL reducer); locus-train over the NCCL
-    # reducer with a rank killed or stopped in it (an app test script: NAME.py:ranks:seconds);
-    # last the whole-model trainer over the NCCL reducer (run 1 passed its first 5 tests that
-    # way; dropped first).
+    # with 2 stages x 2 replicas (the link beside the NCCL reducer); last the whole-model
+    # trainer over the NCCL reducer (run 1 passed its first 5 tests that way; dropped first).
     # Each entry: binary:ranks:seconds[:gtest filter[:tcp]] (HOSTID_TEST_TIMEOUT overrides the
     # seconds; tcp: Open MPI's ob1 over TCP on loopback instead of shared memory).
-    for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_cuda_pipeline:2:150 \
-                'test_cuda_pipeline:2:60:*EagerLimit*:tcp' test_nccl_link:4:90 \
-                'test_cuda_pipeline:4:150:*NcclLink*' test_train_nccl_app.py:2:90 \
+    for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_train_nccl_app.py:2:90 \
+                test_cuda_pipeline:2:150 'test_cuda_pipeline:2:60:*EagerLimit*:tcp' \
+                test_nccl_link:4:90 'test_cuda_pipeline:4:150:*NcclLink*' \
                 test_cuda_trainer:2:150; do
       IFS=: read -r t n limit filter transport <<< "$spec"
       if [[ $t == *.py ]]; then
@@ -319,7 +325,7 @@ elif ((gpu)); then
        if [[ $transport == tcp ]]; then
          export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo
        fi
-       run_mpi "$n" "$limit" "$here/hostid_rank.sh" "$bundle/tests/$t" --gtest_brief=1 \
+       run_mpi "$n" "$limit" "$here/hostid_rank.sh" "$bundle/tests/$t" --gtest_brief=0 \
          --gtest_color=no ${filter:+"--gtest_filter=$filter"}) > "$tl" 2>&1 < /dev/null
       record_gtest "$name" "$n" "$?" "$tl" "$s"
     done

@@ -3,10 +3,14 @@ hangs, at 2 ranks on configs/tiny.ini with train.backend = cuda and train.reduce
 
 Killed: one rank is SIGKILLed (LOCUS_TEST_HOOK=train-before-allreduce:kill@1) while its peer's
 step waits on the reduction: mpirun tears the job down within BOUND_S, non-zero, and no model
-file is published. Stopped: one rank sleeps there far longer than train.reducer_timeout_s (3 s;
-the progress watchdog's 120 s would fire much later): its peer, waiting on the device for an
-all-reduce that never completes, polls NCCL and gives up -- exit 70, a line naming the gradient
-all-reduce and the timeout, the communicator aborted -- within BOUND_S, nothing published.
+file is published. Stopped: at step 5 one rank sleeps (train-step-5:sleep60@1) before its
+forward pass -- so it never enqueues that step's all-reduce, whose connections the first four
+made -- far longer than train.reducer_timeout_s (3 s; the progress watchdog's 120 s would fire
+much later): its peer, waiting on the device for that all-reduce, polls NCCL and gives up --
+exit 70, a line naming the all-reduce, the timeout and the rank, the communicator aborted --
+within BOUND_S, nothing published. (The stop must come before the rank's backward pass: the
+NCCL reducer enqueues a step's buckets as the backward pass makes them, and the step's later
+hook, train-before-allreduce, would leave the peer waiting in an MPI collective instead.)
 
 NCCL needs a GPU of its own per rank (the multi-GPU case), or, on a one-GPU host, a host id per
 rank (test device only: bench/gpu/hostid_rank.sh as LOCUS_RANK_WRAPPER, which run_gpu.sh's
@@ -58,10 +62,15 @@ def test_killed_in_the_nccl_reduction_ends_the_job(r, tmp):
 
 def test_a_stopped_peer_ends_in_an_nccl_error_within_the_timeout(r, tmp):
     prepare(r, tmp)
-    hook = "train-before-allreduce:sleep60@1"
+    hook = "train-step-5:sleep60@1"
     p, seconds = run(r, tmp, "--train.reducer_timeout_s=3", "--train.watchdog_s=120", hook=hook)
-    expect_exit(p, EXIT_INTERNAL, "did not complete within train.reducer_timeout_s = 3 s",
-                "gradient all-reduce", "NCCL communicator was aborted")
+    expect_exit(p, EXIT_INTERNAL, "NCCL communicator was aborted")
+    # The error line (not the start-up line "gradient all-reduce: nccl ...") names the
+    # all-reduce it gave up on, the timeout and the rank that gave up.
+    gave_up = [l for l in p.stderr.splitlines()
+               if "did not complete within train.reducer_timeout_s = 3 s (data-parallel rank" in l]
+    check(gave_up and ("all-reduce" in gave_up[0] or "ncclAllReduce" in gave_up[0]),
+          "no error line naming the all-reduce, the timeout and the rank", p)
     check(seconds < BOUND_S, f"the job took {seconds:.1f} s to end (bound {BOUND_S} s)", p)
     check(unpublished(os.path.join(tmp, "tiny-model.h5")), "a model file was published", p)
 

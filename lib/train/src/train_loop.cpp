@@ -64,6 +64,8 @@ bool Trainer::Impl::step(const LoadedBatch& b) {
                            "expected (epoch {}, step {})",
                            b.epoch, b.step, state.epoch, state.step_in_epoch));
   test_hook("train-step");  // e.g. train-step:delay50@1, a straggler for the tests
+  // train-step-N (1-based): one step, e.g. a rank stopping once its peers' reductions run.
+  if (test_hooks_enabled()) test_hook(fmt::format("train-step-{}", state.step + 1).c_str());
   comm::progress("forward and backward of step {}", state.step + 1);
   compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
                             static_cast<double>(b.global_rows), on_grads_ready);
