@@ -219,21 +219,20 @@ TEST_F(NcclReducer, Bf16SumsRoundEachRanksGradientsAndRepeat) {
   cudaFree(d);
 }
 
-// A reduction one rank never joins (the others stop after a first step, which made the
-// communicator's connections): rank 0's wait for it ends in an NcclError naming the all-reduce
-// and the timeout within that timeout plus the polling tick, the communicator aborted (its
-// kernel ends: the device stays usable) and the reducer then goes at once. The others, told
-// over MPI, leave by unwinding as a rank does on an error, which aborts too.
+// A reduction one rank never joins: after `steps` whole steps on every rank, rank 0 reduces
+// n floats alone and its wait gives up (test::give_up: an NcclError within the timeout, then
+// the reducer goes); the others, told over MPI, leave by unwinding as a rank does on an error,
+// which aborts too. `gave_up` is rank 0's. Skips (or fails under LOCUS_REQUIRE_NCCL=1) where
+// NCCL cannot join the ranks.
 struct Unwind {};
-TEST_F(NcclReducer, AReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) {
+void abandon_a_reduction(cudaStream_t producer, std::size_t n, int steps, test::GaveUp& gave_up) {
   const mpi::Comm world = mpi::Comm::world();
   if (world.size() < 2) GTEST_SKIP() << "a peer that never joins needs 2 ranks or more";
-  constexpr std::size_t n = std::size_t{8} << 20;
   float* d = nullptr;
   CU(cudaMalloc(&d, n * sizeof(float)));
   CU(cudaMemset(d, 0, n * sizeof(float)));
-  GradientBuffer g{d, n, MemorySpace::cuda, producer_};
-  if (const std::string why = reason(g); !why.empty()) {
+  GradientBuffer g{d, n, MemorySpace::cuda, producer};
+  if (const std::string why = nccl_unusable_reason(world, g); !why.empty()) {
     cudaFree(d);
     if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
     GTEST_SKIP() << "the NCCL path needs a GPU per rank here: " << why;
@@ -242,16 +241,17 @@ TEST_F(NcclReducer, AReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) 
   o.backend = ReducerBackend::nccl;
   o.timeout_s = 3;
   const int r = world.rank();
-  test::GaveUp gave_up;
   try {
     auto reducer = make_nccl_reducer(world, g, o);
-    reducer->finish();  // a whole step on every rank
-    reducer->settle(producer_);
+    for (int step = 0; step < steps; ++step) {
+      reducer->finish();
+      reducer->settle(producer);
+    }
     if (r == 0) {
       gave_up = test::give_up(
           [&] {
             reducer->finish();
-            reducer->settle(producer_);
+            reducer->settle(producer);
           },
           [&] { reducer.reset(); });
     }
@@ -259,59 +259,37 @@ TEST_F(NcclReducer, AReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) 
     if (r != 0) throw Unwind{};
   } catch (const Unwind&) {
   }
-  if (r == 0) test::expect_gave_up_in_time(gave_up, "gradient all-reduce");
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the aborted reduction's kernel must end";
   cudaFree(d);
   world.barrier();
 }
 
-// As above, but the peer never joins the communicator's very first reduction: its connections
-// are still to be made (NCCL makes them at the first collective, on a non-blocking
-// communicator in a thread of its own), so rank 0 gives up while NCCL may still be connecting
-// -- inside ncclAllReduce's enqueue, or in the wait after it -- and the abort must end that too.
-// Last in this file: were the abort to hang, the tests above have reported already.
-TEST_F(NcclReducer, AFirstReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) {
-  const mpi::Comm world = mpi::Comm::world();
-  if (world.size() < 2) GTEST_SKIP() << "a peer that never joins needs 2 ranks or more";
-  constexpr std::size_t n = std::size_t{1} << 20;
-  float* d = nullptr;
-  CU(cudaMalloc(&d, n * sizeof(float)));
-  CU(cudaMemset(d, 0, n * sizeof(float)));
-  GradientBuffer g{d, n, MemorySpace::cuda, producer_};
-  if (const std::string why = reason(g); !why.empty()) {
-    cudaFree(d);
-    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
-    GTEST_SKIP() << "the NCCL path needs a GPU per rank here: " << why;
-  }
-  ReducerOptions o;
-  o.backend = ReducerBackend::nccl;
-  o.timeout_s = 3;
-  const int r = world.rank();
+// After a first step, which made the communicator's connections: rank 0's wait for the
+// reduction (8 Mi floats, past what NCCL buffers) names the all-reduce and the timeout, within
+// the timeout plus the polling tick; the communicator is aborted (its kernel ends: the device
+// stays usable) and the reducer then goes at once.
+TEST_F(NcclReducer, AReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) {
   test::GaveUp gave_up;
-  try {
-    auto reducer = make_nccl_reducer(world, g, o);
-    if (r == 0) {
-      gave_up = test::give_up(
-          [&] {
-            reducer->finish();
-            reducer->settle(producer_);
-          },
-          [&] { reducer.reset(); });
-    }
-    world.barrier();  // the peers keep their reducers until rank 0 has given up
-    if (r != 0) throw Unwind{};
-  } catch (const Unwind&) {
-  }
-  if (r == 0) {
-    // Where it gave up: in the enqueue (the call's name) or in the wait for the reduction.
+  abandon_a_reduction(producer_, std::size_t{8} << 20, 1, gave_up);
+  if (IsSkipped() || HasFatalFailure()) return;
+  if (mpi::Comm::world().rank() == 0) test::expect_gave_up_in_time(gave_up, "gradient all-reduce");
+}
+
+// The communicator's very first reduction: its connections are still to be made (NCCL makes
+// them at the first collective, on a non-blocking communicator in a thread of its own), so
+// rank 0 gives up while NCCL may still be connecting -- inside ncclAllReduce's enqueue (the
+// error names the call) or in the wait after it -- and the abort must end that too. Last in
+// this file: were the abort to hang, the tests above have reported already.
+TEST_F(NcclReducer, AFirstReductionAPeerNeverJoinsEndsInAnNcclErrorWithinTheTimeout) {
+  test::GaveUp gave_up;
+  abandon_a_reduction(producer_, std::size_t{1} << 20, 0, gave_up);
+  if (IsSkipped() || HasFatalFailure()) return;
+  if (mpi::Comm::world().rank() == 0) {
     EXPECT_TRUE(gave_up.error.find("ncclAllReduce") != std::string::npos ||
                 gave_up.error.find("gradient all-reduce") != std::string::npos)
         << gave_up.error;
     test::expect_gave_up_in_time(gave_up, "");
   }
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the aborted reduction's kernel must end";
-  cudaFree(d);
-  world.barrier();
 }
 
 }  // namespace
