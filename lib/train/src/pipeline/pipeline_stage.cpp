@@ -64,12 +64,17 @@ PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
       stage(grid.stage()),
       stages(grid.pipeline_stages()),
       range(partition.stage(grid.stage())),
-      pp(grid.pp().dup()),
-      link(make_link(grid.pp(), options.link)) {
+      pp(grid.pp().dup()) {
+  // The link and the reducer agreed over the world, not only each pipeline's or each stage's
+  // ranks: pipelines and stages may differ in whether NCCL can join their ranks (GPUs laid out
+  // unevenly), and a refusal (train.stage_link or train.reducer = nccl where NCCL cannot run,
+  // train.reducer_precision = bf16 where the MPI reducer sums) must stop every rank.
+  mpi::agree_on(grid.world(), [&] { link = make_link(grid.pp(), options.link); });
   comm::ReducerOptions ro = opts.reducer;
   // Each micro-batch's loss divides by the GLOBAL batch: the sum over replicas is the mean.
   ro.mode = comm::ReduceMode::presummed_average;
-  reducer = detail::make_reducer(layer_ops->grads(), grid.dp(), ro);
+  mpi::agree_on(grid.world(),
+                [&] { reducer = detail::make_reducer(layer_ops->grads(), grid.dp(), ro); });
   for (SendBuffer& b : dx_send) b.data = layer_ops->make_buffer();
   ops = pipeline_ops(opts.schedule, stages, stage, opts.micro_batches);
   next_forward.assign(ops.size(), -1);
