@@ -16,11 +16,11 @@
 # Without a GPU it says so, still runs the tests (they skip) and PyTorch's CPU smoke test.
 # Full logs go to $OUT (the device tool returns it; default /tmp/gpu-run-out), as 8 files:
 # summary.txt run.log tests.tar.gz locus.tar.gz gpu_train_bench.tsv infer_gpu_bench.tsv
-# torch_gpu_bench.jsonl counts.txt. Time: at most about 11.8 minutes for the main phases (soft
-# budgets per phase: nothing new starts after them; hard limits: tests 210 s, locus 190 s,
-# infer 150 s, PyTorch 170 s; the deep MLP 120 s and SimpleNet 90 s on top), typically much less --
-# over the device tool's 10 minutes only if every phase runs to its limit; where the
-# tests need longer, run them alone (SKIP="locus torch") and the benchmarks in a second call:
+# torch_gpu_bench.jsonl counts.txt. Time: soft budgets per phase (nothing new starts after
+# them) and hard limits (tests 210 s, locus 190 s, infer 150 s, PyTorch 170 s; the deep MLP 120 s
+# and SimpleNet 90 s on top), all clipped by DEADLINE_S (below) so the whole run ends within it;
+# where the tests need longer, run them alone (SKIP="locus torch") and the benchmarks in a
+# second call:
 #   TEST_BUDGET_S=180 TEST_TIMEOUT=90 APP_TEST_TIMEOUT=240   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40
 #   HOSTID_BUDGET_S=240 HOSTID_TEST_TIMEOUT GATHER_TIMEOUT=60
 #   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60 INFER_TIMEOUT=150 INFER_ROWS=1048576
