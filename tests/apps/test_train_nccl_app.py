@@ -11,6 +11,11 @@ exit 70, a line naming the all-reduce, the timeout and the rank, the communicato
 within BOUND_S, nothing published. (The stop must come before the rank's backward pass: the
 NCCL reducer enqueues a step's buckets as the backward pass makes them, and the step's later
 hook, train-before-allreduce, would leave the peer waiting in an MPI collective instead.)
+A stopped pipeline stage: at 2 stages over the NCCL stage link, stage 0 stops at step 5 just
+before it sends its activations up (pipeline-send-5:sleep60@0), past the step's MPI exchanges
+(the header, the labels), so the last stage's loss waits for a transfer that never comes: it
+gives up within the timeout naming the stage link -- not the all-reduce, whose reductions the
+last stage waits for first and which are done.
 
 NCCL needs a GPU of its own per rank (the multi-GPU case), or, on a one-GPU host, a host id per
 rank (test device only: bench/gpu/hostid_rank.sh as LOCUS_RANK_WRAPPER, which run_gpu.sh's
@@ -75,6 +80,24 @@ def test_a_stopped_peer_ends_in_an_nccl_error_within_the_timeout(r, tmp):
     check(unpublished(os.path.join(tmp, "tiny-model.h5")), "a model file was published", p)
 
 
+def test_a_stopped_pipeline_stage_ends_in_a_stage_link_error_within_the_timeout(r, tmp):
+    if r.ranks != 2:
+        print("  (2 pipeline stages need 2 ranks: not run at this rank count)")
+        return
+    prepare(r, tmp)
+    hook = "pipeline-send-5:sleep60@0"
+    p, seconds = run(r, tmp, "--train.pipeline_stages=2", "--train.stage_link=nccl",
+                     "--train.reducer_timeout_s=3", "--train.watchdog_s=120", hook=hook)
+    expect_exit(p, EXIT_INTERNAL, "stage link: nccl", "NCCL communicator was aborted")
+    check(f"test hook '{hook.split(':')[0]}'" in p.stderr, f"{hook}: the hook did not fire", p)
+    gave_up = [l for l in p.stderr.splitlines()
+               if "did not complete within train.reducer_timeout_s = 3 s (pipeline rank 1/2" in l]
+    check(gave_up and "(stage link)" in gave_up[0],
+          "no error line naming the stage link, the timeout and the last stage's rank", p)
+    check(seconds < BOUND_S, f"the job took {seconds:.1f} s to end (bound {BOUND_S} s)", p)
+    check(unpublished(os.path.join(tmp, "tiny-model.h5")), "a model file was published", p)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit("usage: test_train_nccl_app.py BINDIR RANKS")
@@ -88,4 +111,5 @@ if __name__ == "__main__":
         print(f"skipped: the NCCL reducer cannot run here: {why}")
         sys.exit(EXIT_SKIP)
     main([test_killed_in_the_nccl_reduction_ends_the_job,
-          test_a_stopped_peer_ends_in_an_nccl_error_within_the_timeout])
+          test_a_stopped_peer_ends_in_an_nccl_error_within_the_timeout,
+          test_a_stopped_pipeline_stage_ends_in_a_stage_link_error_within_the_timeout])

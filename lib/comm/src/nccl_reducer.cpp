@@ -137,8 +137,12 @@ class NcclReducer final : public GradientReducer {
     stats_.total.blocked_s += blocked;
   }
 
+  // Waits for the reductions enqueued so far, not for all of `stream`: what else the stream
+  // waits for (a pipeline stage's received activations) is its owner's to watch, and a peer
+  // stuck there must be blamed on it, not on the all-reduce (reducer.hpp).
   void settle(void* stream) override {
-    LOCUS_NCCL_CUDA(cudaEventRecord(settled_, static_cast<cudaStream_t>(stream)));
+    (void)stream;
+    LOCUS_NCCL_CUDA(cudaEventRecord(settled_, stream_));
     nccl_->await("the gradient all-reduce a host wait depends on",
                   [&] { return event_done(settled_); });
   }
@@ -210,7 +214,7 @@ class NcclReducer final : public GradientReducer {
   ReducerOptions options_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t produced_ = nullptr;
-  cudaEvent_t settled_ = nullptr;  // settle(): recorded on the stream it waits for
+  cudaEvent_t settled_ = nullptr;  // settle(): recorded after the reductions enqueued so far
   std::array<cudaEvent_t, 2> done_{};
   std::uint16_t* wire_ = nullptr;  // bf16 sums: the buffer's bf16 copy (else null)
   int step_parity_ = 0;

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -107,9 +108,16 @@ TEST_F(NcclReducer, StreamsBucketsAfterTheProducerAndMatchesMpi) {
         reducer->ready_from(off);
       }
       reducer->finish();
-      // settle(): what the producer's stream holds so far (the reduction included) is done.
+      // settle(): the reductions enqueued so far are done, so the producer's stream -- its
+      // work before them, then a wait for them -- is complete (or is within moments).
       reducer->settle(producer_);
-      EXPECT_EQ(cudaStreamQuery(producer_), cudaSuccess);
+      const auto settled = std::chrono::steady_clock::now();
+      cudaError_t q = cudaStreamQuery(producer_);
+      while (q == cudaErrorNotReady &&
+             std::chrono::steady_clock::now() - settled < std::chrono::seconds(1)) {
+        q = cudaStreamQuery(producer_);
+      }
+      EXPECT_EQ(q, cudaSuccess) << "the producer's stream still busy 1 s after settle()";
       std::vector<float> got(n);
       CU(cudaMemcpyAsync(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, producer_));
       CU(cudaStreamSynchronize(producer_));

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "locus/comm/agree.hpp"
+#include "locus/comm/test_hook.hpp"
 #include "locus/train/optim/clip.hpp"
 #include "locus/train/compute.hpp"
 #include "pipeline/pipeline_impl.hpp"
@@ -251,6 +252,9 @@ void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, b
   layer_ops->forward(*s.act, input_of(m, b), training, key);
   cur.busy_s += seconds_since(t);
   if (stage + 1 < stages) {
+    // pipeline-send-N (1-based step): a stage stopping before its activations go up, while the
+    // next stage waits for them on the link (tests/apps/test_train_nccl_app.py).
+    if (test_hooks_enabled()) test_hook(fmt::format("pipeline-send-{}", step + 1).c_str());
     link->send(s.act->output(), stage + 1, kActivationTag, s.send_output);
     if (training) link->recv(s.act->grad_in(), stage + 1, kGradientTag, s.recv_grad);
   }
@@ -265,7 +269,9 @@ LossStats PipelineStage::Impl::loss_of(int m, bool want_grad) {
   const auto tgt = targets.empty() ? targets : targets.subspan(first * classes, n * classes);
   // The loss waits (on the host) for the logits, which wait for the received activations and
   // for the previous step's all-reduce (the stage's next update, and its stream, wait for it):
-  // the reducer and the link watch their peers meanwhile (NCCL; no-ops for host ones).
+  // the reducer and the link watch their peers meanwhile (NCCL; no-ops for host ones). The
+  // reducer waits for its own reductions only, the link then for the rest of the stream, so a
+  // stuck stage peer is reported as the stage link's, not as the all-reduce's.
   reducer->settle(s.act->output().stream);
   link->settle(s.act->output().stream);
   return layer_ops->loss(*s.act, loss, lab, tgt, divisor, want_grad);
