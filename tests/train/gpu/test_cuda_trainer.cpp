@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <string>
@@ -457,6 +458,58 @@ TEST_F(CudaTrainer, AnEmptyBlockIsNeitherCachedNorMappedAndItsStepsRun) {
                              plain.model.params().begin(), plain.model.params().end()));
     }
   }
+}
+
+// The loss sums of more steps than the backend's pinned ring holds (4096, cuda_compute.cpp)
+// without a drain in between: the ring's are kept aside when it fills and none is lost --
+// every step's sums, in order, bitwise those of the same steps drained one by one.
+TEST_F(CudaTrainer, LossSumsOfMoreStepsThanTheStatsRingHoldsAreAllKept) {
+  const ModelSpec spec = small_spec();
+  OptimizerOptions optimizer;
+  ComputeOptions c;
+  c.backend = "cuda";
+  constexpr int kRows = 64, kBatch = 8, kSteps = 2 * 4096 + 37;
+  std::vector<float> block(std::size_t{kRows} * kFeatures);
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& v : block) v = uniform(gen);
+  std::vector<std::int32_t> labels(kRows);
+  for (auto& l : labels) l = static_cast<std::int32_t>(gen() % kClasses);
+  TrainState each(spec, optimizer), held(spec, optimizer);
+  std::vector<LossStats> drained, kept;
+  {
+    const mpi::Comm& world = mpi::Comm::world();
+    auto by_step = make_compute(c, world, each, Loss::softmax_cross_entropy);
+    auto at_end = make_compute(c, world, held, Loss::softmax_cross_entropy);
+    for (int step = 0; step < kSteps; ++step) {
+      const int n = kBatch - step % 3;  // rows vary, so a misplaced entry shows
+      std::vector<float> x;
+      std::vector<std::int32_t> y;
+      for (int i = 0; i < n; ++i) {
+        const int r = (step * 11 + i * 5) % kRows;
+        x.insert(x.end(), block.begin() + r * kFeatures, block.begin() + (r + 1) * kFeatures);
+        y.push_back(labels[static_cast<std::size_t>(r)]);
+      }
+      const Batch b{x, n, y, {}, {}, {}};
+      for (Compute* compute : {by_step.get(), at_end.get()}) {
+        compute->forward_backward(b, step, n, {});
+        compute->optimizer_step(0.01, 0.0);
+      }
+      by_step->drain_stats(drained);
+    }
+    at_end->drain_stats(kept);
+  }
+  ASSERT_EQ(drained.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_EQ(kept.size(), drained.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    differ += kept[i].rows != drained[i].rows || kept[i].correct != drained[i].correct ||
+                      std::memcmp(&kept[i].loss_sum, &drained[i].loss_sum, sizeof(double)) != 0
+                  ? 1
+                  : 0;
+  }
+  EXPECT_EQ(differ, 0u) << "steps whose loss sums were lost, misplaced or changed";
+  EXPECT_EQ(drained.back().rows, kBatch - (kSteps - 1) % 3);
 }
 
 // Stop mid-epoch, restore the host state into a new trainer (what a checkpoint resume does),

@@ -172,6 +172,7 @@ class CudaCompute final : public Compute {
   PinnedBuffer<DeviceLossStats> stats_ring_;
   std::vector<std::int64_t> pending_rows_;
   std::vector<LossStats> overflow_;
+  Event stats_copied_;  // after the latest copy into stats_ring_
   // The step values of request_step_values(): the reduced gradient's sum of squares (also the
   // update's gate when gate_ is on), its pinned host copy and the event that marks both.
   DeviceBuffer<double> step_squares_;
@@ -199,6 +200,7 @@ CudaCompute::CudaCompute(const ComputeOptions& options, const DeviceInfo& device
       norm_scratch_(grad_norm_scratch(n_)),
       stats_(1),
       stats_ring_(kStatsRing),
+      stats_copied_(make_event()),
       step_squares_(1),
       step_squares_host_(1),
       values_ready_(make_event()) {
@@ -485,14 +487,20 @@ void CudaCompute::run_graph(std::map<std::uint64_t, std::pair<int, GraphExec>>& 
 }
 
 void CudaCompute::store_stats(int rows) {
-  if (pending_rows_.size() == kStatsRing) {  // nobody drained for a long time: keep them
-    std::vector<LossStats> out;
-    drain_stats(out);
-    overflow_.insert(overflow_.end(), out.begin(), out.end());
+  if (pending_rows_.size() == kStatsRing) {
+    // Nobody drained for a long time: keep them. Waits for the last copy only, not for the
+    // stream: the copy follows this rank's previous update, whose all-reduce the reducer has
+    // waited for already (polling its peers), while the stream goes on to wait for the current
+    // step's, which a wait inside CUDA here would sit in unwatched if a peer died.
+    LOCUS_CUDA_CHECK(cudaEventSynchronize(stats_copied_.get()));
+    std::vector<LossStats> kept;
+    take_pending_stats(kept);  // the overflow so far, then the ring's
+    overflow_ = std::move(kept);
   }
   LOCUS_CUDA_CHECK(cudaMemcpyAsync(stats_ring_.data() + pending_rows_.size(), stats_.data(),
                                    sizeof(DeviceLossStats), cudaMemcpyDeviceToHost,
                                    compute_.get()));
+  LOCUS_CUDA_CHECK(cudaEventRecord(stats_copied_.get(), compute_.get()));
   pending_rows_.push_back(rows);
 }
 
