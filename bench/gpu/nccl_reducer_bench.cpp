@@ -3,12 +3,17 @@
 //   plain   one ncclAllReduce(sum) of the whole buffer on a stream, the floor of the reducer;
 //   reducer the locus reducer's step (ready_from per bucket from the end, finish), timed from
 //           the producer stream's point of view (events), the way the training step sees it;
+//   bf16    the same step at train.reducer_precision = bf16 (each bucket rounded to bf16,
+//           summed in bf16, widened back: half the bytes between GPUs, two more passes over
+//           the buffer on the device); bf16_off counts results outside the bf16 band of the
+//           plain fp32 sum (each input rounded once, each of the ring's n-1 partial sums once);
 //   staged  device -> pinned host -> device copies of the buffer, what the host-staged MPI
 //           reducer moves per step besides the MPI all-reduce itself (GB/s of the round trip);
 //   host    the host's time to enqueue: one plain ncclAllReduce (a blocking communicator),
 //           and the reducer's step (its communicator is non-blocking: from 2 ranks on, NCCL
 //           enqueues each call on a thread it starts, and the reducer waits for that).
-// Median over timed iterations after warm-up; algbw = bytes / time, busbw = algbw * 2(n-1)/n;
+// Median over timed iterations after warm-up; algbw = bytes / time, busbw = algbw * 2(n-1)/n
+// (of the fp32 reducer);
 // the reducer's results are checked every iteration against the plain all-reduce's. At world
 // size 1 NCCL copies nothing: the figures are the machinery's overhead (launches, events).
 // Run: mpirun -n <GPUs> locus_nccl_reducer_bench   (one rank per GPU; ranks sharing a GPU
@@ -18,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -118,9 +124,9 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
     fmt::print("# locus_nccl_reducer_bench: {} rank(s), {}, bucket {} KiB, {} iters (median), "
                "load {:.2f}\n",
                n, comm::nccl_version(), bucket >> 10, iters, bench::loadavg());
-    fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>11} {:>7} {:>13} {:>15}\n", "bytes",
-               "plain_us", "reducer_us", "overhead", "algbw", "busbw", "staged_GB/s", "errors",
-               "host_plain_us", "host_reducer_us");
+    fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>11} {:>7} {:>13} {:>15} {:>9} {:>9}\n",
+               "bytes", "plain_us", "reducer_us", "overhead", "algbw", "busbw", "staged_GB/s",
+               "errors", "host_plain_us", "host_reducer_us", "bf16_us", "bf16_off");
   }
   std::int64_t errors_total = 0;
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
@@ -146,40 +152,60 @@ int run_bench(mpi::Comm& world, int argc, char** argv) {
     std::int64_t errors = 0;
     std::vector<float> want(count), got(count);
     cu(cudaMemcpy(want.data(), ref, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    std::vector<double> red_ms;
-    for (int i = 0; i < warmup + iters; ++i) {
-      cu(cudaMemcpyAsync(d, pinned, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-      double host_us = 0;
-      const auto ms = timed(s, 0, 1, [&] {
-        const auto t0 = Clock::now();
-        for (std::size_t off = count; off > 0;) {  // buckets become ready from the end
-          off = off > count / 4 ? off - count / 4 : 0;
-          reducer->ready_from(off);
+    // One reducer step per iteration on fresh inputs, `check`ed after each.
+    const auto steps = [&](comm::GradientReducer& red, std::vector<double>& ms_out,
+                           std::vector<double>* host_out, const auto& check) {
+      for (int i = 0; i < warmup + iters; ++i) {
+        cu(cudaMemcpyAsync(d, pinned, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+        double host_us = 0;
+        const auto ms = timed(s, 0, 1, [&] {
+          const auto t0 = Clock::now();
+          for (std::size_t off = count; off > 0;) {  // buckets become ready from the end
+            off = off > count / 4 ? off - count / 4 : 0;
+            red.ready_from(off);
+          }
+          red.finish();
+          host_us = us_since(t0);
+        });
+        if (i >= warmup) {
+          ms_out.push_back(ms[0]);
+          if (host_out != nullptr) host_out->push_back(host_us);
         }
-        reducer->finish();
-        host_us = us_since(t0);
-      });
-      if (i >= warmup) {
-        red_ms.push_back(ms[0]);
-        red_host_us.push_back(host_us);
+        cu(cudaMemcpy(got.data(), d, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        check();
       }
-      cu(cudaMemcpy(got.data(), d, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      errors += std::memcmp(got.data(), want.data(), bytes) != 0 ? 1 : 0;
-    }
+    };
+    std::vector<double> red_ms, bf16_ms;
+    steps(*reducer, red_ms, &red_host_us,
+          [&] { errors += std::memcmp(got.data(), want.data(), bytes) != 0 ? 1 : 0; });
+    reducer.reset();
+    comm::ReducerOptions bo = ro;
+    bo.precision = comm::ReducePrecision::bf16;
+    auto bf16_reducer = comm::make_nccl_reducer(world, g, bo);
+    std::int64_t bf16_off = 0;
+    steps(*bf16_reducer, bf16_ms, nullptr, [&] {
+      for (std::size_t i = 0; i < count; ++i) {
+        const float tol = static_cast<float>(n) * std::abs(want[i]) / 128.0f + 1e-6f;
+        bf16_off += !(std::abs(got[i] - want[i]) <= tol) ? 1 : 0;
+      }
+    });
+    bf16_reducer.reset();
     const auto staged_ms = timed(s, warmup, iters, [&] {
       cu(cudaMemcpyAsync(pinned, d, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
       cu(cudaMemcpyAsync(d, pinned, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
     });
     errors = world.allreduce<std::int64_t>(errors, MPI_SUM);
-    errors_total += errors;
+    bf16_off = world.allreduce<std::int64_t>(bf16_off, MPI_SUM);
+    errors_total += errors + bf16_off;
     const double p = median(plain_ms), r = median(red_ms), st = median(staged_ms);
     const double algbw = static_cast<double>(bytes) / (r * 1e-3) / 1e9;
     if (world.is_root()) {
       fmt::print("{:>12} {:>10.1f} {:>10.1f} {:>8.0f}% {:>9.2f} {:>9.2f} {:>11.2f} {:>7} {:>13.1f} "
-                 "{:>15.1f}\n",
+                 "{:>15.1f} {:>9.1f} {:>9}\n",
                  bytes, p * 1e3, r * 1e3, p > 0 ? (r / p - 1.0) * 100.0 : 0.0, algbw,
                  algbw * 2.0 * (n - 1) / n, 2.0 * static_cast<double>(bytes) / (st * 1e-3) / 1e9,
-                 errors, median(plain_host_us), median(red_host_us));
+                 errors, median(plain_host_us), median(red_host_us), median(bf16_ms) * 1e3,
+                 bf16_off);
     }
   }
   ncclCommDestroy(plain);
