@@ -127,6 +127,8 @@ class LayerOps {
   // Host <-> backend copies of the parameters and the optimizer state (no-ops on the host).
   virtual void sync_from_host() {}
   virtual void sync_to_host() {}
+  // As Compute::before_host_waits (a pipeline stage's: its reducer's and its link's settle()).
+  virtual void before_host_waits(std::function<void(void*)> settle) { (void)settle; }
 };
 
 // The layer operations of the backend options.backend names on the held layers of `state`

@@ -280,6 +280,7 @@ Trainer::Impl::Impl(const Grid& g, TrainOptions options)
   ro.mode = comm::ReduceMode::presummed_average;
   reducer = detail::make_reducer(compute->grads(), g.dp(), ro, &reducer_note);
   on_grads_ready = [this](int l) { reducer->ready_from(state.model.layout().layer(l).begin()); };
+  compute->before_host_waits([this](void*) { settle(); });
   // warn never drops an update: on a deferring backend it may be enqueued before the verdict.
   monitors.deferred = monitors.anomaly && opts.anomaly.action == AnomalyAction::warn &&
                       compute->defers_step_values();

@@ -460,6 +460,35 @@ TEST_F(CudaTrainer, AnEmptyBlockIsNeitherCachedNorMappedAndItsStepsRun) {
   }
 }
 
+// The first GEMM of a new shape times cuBLASLt's candidates, a host wait for the compute
+// stream in the middle of a step: the backend first calls what the trainer gave it
+// (before_host_waits: the reducer's settle, watching the peers) with that stream -- for new
+// shapes only, never again for a shape it has chosen.
+TEST_F(CudaTrainer, TimingANewGemmShapeSettlesWithThePeersFirst) {
+  const ModelSpec spec = small_spec(29);  // a width no other test uses: shapes not timed yet
+  OptimizerOptions optimizer;
+  ComputeOptions c;
+  c.backend = "cuda";
+  c.measure_gemms = true;
+  TrainState state(spec, optimizer);
+  auto compute = make_compute(c, mpi::Comm::world(), state, Loss::softmax_cross_entropy);
+  std::vector<void*> settled;
+  compute->before_host_waits([&](void* stream) { settled.push_back(stream); });
+  const auto step = [&](int rows) {
+    std::vector<float> x(static_cast<std::size_t>(rows) * 29, 0.25f);
+    std::vector<std::int32_t> y(static_cast<std::size_t>(rows), 1);
+    compute->forward_backward(Batch{x, rows, y, {}, {}, {}}, 0, rows, {});
+    compute->optimizer_step(0.01, 0.0);
+  };
+  step(37);
+  const std::size_t first = settled.size();
+  EXPECT_GT(first, 0u) << "no GEMM of a new shape was timed (each had one candidate?)";
+  for (void* s : settled) EXPECT_EQ(s, compute->grads().stream);
+  step(37);
+  EXPECT_EQ(settled.size(), first) << "shapes chosen already were timed again";
+  compute->sync_to_host();
+}
+
 // The loss sums of more steps than the backend's pinned ring holds (4096, cuda_compute.cpp)
 // without a drain in between: the ring's are kept aside when it fills and none is lost --
 // every step's sums, in order, bitwise those of the same steps drained one by one.

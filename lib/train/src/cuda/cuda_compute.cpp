@@ -88,6 +88,9 @@ class CudaCompute final : public Compute {
   }
   void sync_from_host() override;
   void sync_to_host() override;
+  void before_host_waits(std::function<void(void*)> settle) override {
+    matmul_.set_before_wait(std::move(settle));
+  }
 
  private:
   const ParamLayout& layout() const noexcept { return state_.model.layout(); }

@@ -127,6 +127,9 @@ class CudaLayerOps final : public detail::LayerOps {
   void update(double lr, float grad_scale) override;
   void sync_from_host() override { dstate_.sync_from_host(stream_.get()); }
   void sync_to_host() override { dstate_.sync_to_host(stream_.get()); }
+  void before_host_waits(std::function<void(void*)> settle) override {
+    matmul_.set_before_wait(std::move(settle));
+  }
 
  private:
   static CudaActivations& dev(detail::LayerActivations& a) {

@@ -178,7 +178,7 @@ void Matmul::run(const GemmShape& s, const void* a, const void* b, float* d, cud
                  bool accumulate) {
   if (s.m == 0 || s.n == 0) return;
   Plan& p = plan(s);
-  if (!p.chosen) choose(s, p, a, b, stream);
+  if (!p.chosen) choose(s, p, a, b, accumulate ? nullptr : d, stream);
   const float one = 1.0f, zero = 0.0f;
   LOCUS_CUBLAS_CHECK(lt().Matmul(handle_, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,
                                     d, p.d, d, p.d, &p.algo, workspace_.data(), workspace_.bytes(),
@@ -232,7 +232,9 @@ std::vector<double> Matmul::time_candidates(Plan& p, const void* a, const void* 
   return ms;
 }
 
-void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
+// d: where the candidates may write (the run that follows overwrites it), or null (an
+// accumulating run reads it): a scratch buffer then.
+void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b, float* d,
                     cudaStream_t stream) {
   if (!measure_ || p.candidates.size() < 2) {  // the heuristic's first, never timed
     p.chosen = true;
@@ -250,8 +252,14 @@ void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b,
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LOCUS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
   if (capturing != cudaStreamCaptureStatusNone) return;  // a capture measures nothing
-  DeviceBuffer<float> scratch(static_cast<std::size_t>(s.ldd) * static_cast<std::size_t>(s.n));
-  const std::vector<double> ms = time_candidates(p, a, b, scratch.data(), stream);
+  if (before_wait_) before_wait_(stream);
+  // No allocation where d will do: a cudaFree waits for the whole device, a reduction or a
+  // stage transfer in flight included, unwatched.
+  DeviceBuffer<float> scratch(d != nullptr ? std::size_t{0}
+                                           : static_cast<std::size_t>(s.ldd) *
+                                                 static_cast<std::size_t>(s.n));
+  const std::vector<double> ms =
+      time_candidates(p, a, b, d != nullptr ? d : scratch.data(), stream);
   const double best = *std::min_element(ms.begin(), ms.end());
   std::size_t pick = 0;  // a candidate refused by cuBLASLt times +inf
   if (!(ms[0] <= kSlowest * best) && !(ms[0] - best < kMinSavingMs)) {

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -69,13 +70,19 @@ class Matmul {
   Precision precision() const noexcept { return precision_; }
   // Off: the heuristic's first pick, never timed (train.gemm_select = heuristic).
   void set_measure(bool on) noexcept { measure_ = on; }
+  // Called with the stream before timing a new shape's candidates, which waits (on the host)
+  // for the stream: the owner's waits that watch the peers the stream may wait for (a
+  // reducer's, a stage link's), so a peer that died then ends the job as theirs, not in a
+  // wait inside CUDA (Compute::before_host_waits).
+  void set_before_wait(std::function<void(void*)> settle) { before_wait_ = std::move(settle); }
   // "cuBLASLt 130000" for checkpoint provenance.
   static std::string version();
 
  private:
   struct Plan;
   Plan& plan(const GemmShape& shape);
-  void choose(const GemmShape& shape, Plan& p, const void* a, const void* b, cudaStream_t stream);
+  void choose(const GemmShape& shape, Plan& p, const void* a, const void* b, float* d,
+              cudaStream_t stream);
   std::vector<double> time_candidates(Plan& p, const void* a, const void* b, float* scratch,
                                       cudaStream_t stream);
 
@@ -84,6 +91,7 @@ class Matmul {
   DeviceBuffer<std::uint8_t> workspace_;
   std::map<GemmShape, Plan*> plans_;
   bool measure_ = true;
+  std::function<void(void*)> before_wait_;
 };
 
 }  // namespace locus::train::cuda

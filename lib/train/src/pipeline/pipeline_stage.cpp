@@ -76,6 +76,11 @@ PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
   ro.mode = comm::ReduceMode::presummed_average;
   mpi::agree_on(grid.world(),
                 [&] { reducer = detail::make_reducer(layer_ops->grads(), grid.dp(), ro); });
+  // The stage's stream waits for the all-reduce and for the link's transfers (as the loss).
+  layer_ops->before_host_waits([this](void* stream) {
+    if (reducer) reducer->settle(stream);
+    if (link) link->settle(stream);
+  });
   for (SendBuffer& b : dx_send) b.data = layer_ops->make_buffer();
   ops = pipeline_ops(opts.schedule, stages, stage, opts.micro_batches);
   next_forward.assign(ops.size(), -1);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -151,6 +152,13 @@ class Compute {
   virtual void sync_from_host() {}
   // Makes the TrainState's parameters and optimizer state current (device -> host).
   virtual void sync_to_host() {}
+
+  // settle(stream) waits, watching their peers, for what the backend's stream may wait for
+  // from other ranks (the trainer's: its reducer's settle()). A device backend calls it before
+  // a host wait of its own inside a step -- the first GEMM of a new shape (a short last batch,
+  // an evaluation batch) times cuBLASLt's candidates -- so a peer that died then ends the job
+  // in the reducer's NcclError, not in a wait inside CUDA. Host backends: ignored.
+  virtual void before_host_waits(std::function<void(void*)> settle) { (void)settle; }
 };
 
 // The backend options.backend names; ConfigError naming what this build and host have
