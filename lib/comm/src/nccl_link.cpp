@@ -148,7 +148,7 @@ class NcclLink final : public StageLink {
 
   void settle(void* stream) override {
     LOCUS_NCCL_CUDA(cudaEventRecord(settled_, static_cast<cudaStream_t>(stream)));
-    await_all("a pipeline transfer the loss waits for (stage link)",
+    await_all("a pipeline transfer a host wait depends on (stage link)",
               [&] { return event_done(settled_); });
   }
 
