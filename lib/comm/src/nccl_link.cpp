@@ -17,7 +17,8 @@
 // stream so far (an event); a receive's channel stream waits the same way for the buffer's
 // stream (the buffer may still be read by earlier work). wait() makes the buffer's stream wait
 // for the transfer (an event per request). The host blocks in drain() and in settle() (before
-// the pipeline waits for a stream that waits for a transfer: the last stage's loss), which poll
+// the pipeline waits for a stream that waits for a transfer: the last stage's loss, the CUDA
+// backend's own waits mid-step -- buffers that grow, a new GEMM shape timed), which poll
 // every channel's NCCL error state and give up after the timeout (nccl_comm.hpp); any failure
 // there aborts every channel, since a channel left stuck would hang the next CUDA call that
 // synchronizes the device (a cudaFree while unwinding).

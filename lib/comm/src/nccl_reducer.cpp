@@ -55,7 +55,6 @@ class NcclReducer final : public GradientReducer {
     try {
       LOCUS_NCCL_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
-      LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&settled_, cudaEventDisableTiming));
       for (auto& e : done_) LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       if (options_.precision == ReducePrecision::bf16 && size_ > 0) {
         LOCUS_NCCL_CUDA(cudaMalloc(&wire_, size_ * sizeof(std::uint16_t)));
@@ -137,14 +136,16 @@ class NcclReducer final : public GradientReducer {
     stats_.total.blocked_s += blocked;
   }
 
-  // Waits for the reductions enqueued so far, not for all of `stream`: what else the stream
-  // waits for (a pipeline stage's received activations) is its owner's to watch, and a peer
-  // stuck there must be blamed on it, not on the all-reduce (reducer.hpp).
+  // Waits for the last finished step's reduction -- all a producer's stream waits for (finish()
+  // orders it after that step's done event) -- not for all of `stream`, nor for the buckets of
+  // a step under way: what else the stream waits for (a pipeline stage's received activations)
+  // is its owner's to watch, and a peer stuck there must be blamed on it (reducer.hpp). Before
+  // any finish(), the event was never recorded: done at once.
   void settle(void* stream) override {
     (void)stream;
-    LOCUS_NCCL_CUDA(cudaEventRecord(settled_, stream_));
+    cudaEvent_t last = done_[step_parity_ ^ 1];
     nccl_->await("the gradient all-reduce a host wait depends on",
-                  [&] { return event_done(settled_); });
+                  [&] { return event_done(last); });
   }
 
   // Host data (rarely used): MPI on the reducer's own communicator.
@@ -179,12 +180,11 @@ class NcclReducer final : public GradientReducer {
     if (wire_ != nullptr) cudaFree(wire_);
     wire_ = nullptr;
     if (produced_ != nullptr) cudaEventDestroy(produced_);
-    if (settled_ != nullptr) cudaEventDestroy(settled_);
     for (auto& e : done_) {
       if (e != nullptr) cudaEventDestroy(e);
       e = nullptr;
     }
-    produced_ = settled_ = nullptr;
+    produced_ = nullptr;
   }
 
   struct Bucket {
@@ -214,7 +214,6 @@ class NcclReducer final : public GradientReducer {
   ReducerOptions options_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t produced_ = nullptr;
-  cudaEvent_t settled_ = nullptr;  // settle(): recorded after the reductions enqueued so far
   std::array<cudaEvent_t, 2> done_{};
   std::uint16_t* wire_ = nullptr;  // bf16 sums: the buffer's bf16 copy (else null)
   int step_parity_ = 0;

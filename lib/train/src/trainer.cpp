@@ -355,6 +355,7 @@ EvalMetrics Trainer::Impl::evaluate() {
   }
   const auto t0 = detail::Clock::now();
   detail::Sums local;
+  settle();  // a device backend's evaluation waits for its stream, after the last all-reduce
   if (eval_loader) {
     eval_loader->start_epoch(0);
     for (std::int64_t n = 1;; ++n) {

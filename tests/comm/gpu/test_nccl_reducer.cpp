@@ -108,8 +108,8 @@ TEST_F(NcclReducer, StreamsBucketsAfterTheProducerAndMatchesMpi) {
         reducer->ready_from(off);
       }
       reducer->finish();
-      // settle(): the reductions enqueued so far are done, so the producer's stream -- its
-      // work before them, then a wait for them -- is complete (or is within moments).
+      // settle(): the step just finished has its reduction done, so the producer's stream --
+      // its work before it, then a wait for it -- is complete (or is within moments).
       reducer->settle(producer_);
       const auto settled = std::chrono::steady_clock::now();
       cudaError_t q = cudaStreamQuery(producer_);

@@ -461,9 +461,10 @@ TEST_F(CudaTrainer, AnEmptyBlockIsNeitherCachedNorMappedAndItsStepsRun) {
 }
 
 // The first GEMM of a new shape times cuBLASLt's candidates, a host wait for the compute
-// stream in the middle of a step: the backend first calls what the trainer gave it
-// (before_host_waits: the reducer's settle, watching the peers) with that stream -- for new
-// shapes only, never again for a shape it has chosen.
+// stream in the middle of a step, as is the replacement of its buffers for a larger batch: the
+// backend first calls what the trainer gave it (before_host_waits: the reducer's settle,
+// watching the peers) with that stream -- for new shapes and growth only, never again for a
+// shape it has chosen. (The first step's buffers are made with nothing queued: no call.)
 TEST_F(CudaTrainer, TimingANewGemmShapeSettlesWithThePeersFirst) {
   const ModelSpec spec = small_spec(29);  // a width no other test uses: shapes not timed yet
   OptimizerOptions optimizer;
@@ -486,6 +487,9 @@ TEST_F(CudaTrainer, TimingANewGemmShapeSettlesWithThePeersFirst) {
   for (void* s : settled) EXPECT_EQ(s, compute->grads().stream);
   step(37);
   EXPECT_EQ(settled.size(), first) << "shapes chosen already were timed again";
+  step(45);
+  EXPECT_GT(settled.size(), first) << "the buffers grew for 45 rows without settling first";
+  for (void* s : settled) EXPECT_EQ(s, compute->grads().stream);
   compute->sync_to_host();
 }
 

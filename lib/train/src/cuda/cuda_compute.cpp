@@ -89,6 +89,7 @@ class CudaCompute final : public Compute {
   void sync_from_host() override;
   void sync_to_host() override;
   void before_host_waits(std::function<void(void*)> settle) override {
+    settle_ = settle;
     matmul_.set_before_wait(std::move(settle));
   }
 
@@ -176,6 +177,7 @@ class CudaCompute final : public Compute {
   std::vector<std::int64_t> pending_rows_;
   std::vector<LossStats> overflow_;
   Event stats_copied_;  // after the latest copy into stats_ring_
+  std::function<void(void*)> settle_;  // before_host_waits()
   // The step values of request_step_values(): the reduced gradient's sum of squares (also the
   // update's gate when gate_ is on), its pinned host copy and the event that marks both.
   DeviceBuffer<double> step_squares_;
@@ -349,6 +351,7 @@ Compute::HeldSamples CudaCompute::held_samples() const {
 void CudaCompute::ensure_capacity(int rows) {
   // A first step without rows on this rank still needs its slots (capacity 1).
   if (!slots_.empty() && rows <= slot_capacity_) return;
+  if (!slots_.empty() && settle_) settle_(compute_.get());  // it may wait for a reduction
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(copy_.get()));
   const int capacity = std::max(rows, 1);
@@ -492,9 +495,10 @@ void CudaCompute::run_graph(std::map<std::uint64_t, std::pair<int, GraphExec>>& 
 void CudaCompute::store_stats(int rows) {
   if (pending_rows_.size() == kStatsRing) {
     // Nobody drained for a long time: keep them. Waits for the last copy only, not for the
-    // stream: the copy follows this rank's previous update, whose all-reduce the reducer has
-    // waited for already (polling its peers), while the stream goes on to wait for the current
-    // step's, which a wait inside CUDA here would sit in unwatched if a peer died.
+    // stream: that copy (the previous step's) follows the update before it, whose all-reduce
+    // the reducer has waited for already (polling its peers), while the stream goes on to the
+    // previous step's update, which waits for that step's all-reduce -- unwatched, were this
+    // a wait for the stream and a peer dead.
     LOCUS_CUDA_CHECK(cudaEventSynchronize(stats_copied_.get()));
     std::vector<LossStats> kept;
     take_pending_stats(kept);  // the overflow so far, then the ring's

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 
 #include "cuda/cuda_compute.hpp"
@@ -61,11 +62,14 @@ class CudaActivations final : public detail::LayerActivations {
   DeviceBuffer<std::uint64_t> sample_ids;  // dropout: the micro-batch's rows' global ids
 };
 
+// settle: the layer ops' before_host_waits() (the stream may wait for peers' transfers).
 class CudaBuffer final : public detail::LayerBuffer {
  public:
-  explicit CudaBuffer(cudaStream_t s) : stream_(s) {}
+  CudaBuffer(cudaStream_t s, const std::function<void(void*)>* settle)
+      : stream_(s), settle_(settle) {}
   comm::GradientBuffer view(std::size_t n) override {
     if (data_.size() < n) {
+      if (*settle_) (*settle_)(stream_);
       LOCUS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing queued reads the old one
       data_ = DeviceBuffer<float>(n);
     }
@@ -74,6 +78,7 @@ class CudaBuffer final : public detail::LayerBuffer {
 
  private:
   cudaStream_t stream_;
+  const std::function<void(void*)>* settle_;
   DeviceBuffer<float> data_;
 };
 
@@ -110,7 +115,7 @@ class CudaLayerOps final : public detail::LayerOps {
     return std::make_unique<CudaActivations>(stream_.get());
   }
   std::unique_ptr<detail::LayerBuffer> make_buffer() const override {
-    return std::make_unique<CudaBuffer>(stream_.get());
+    return std::make_unique<CudaBuffer>(stream_.get(), &settle_);
   }
   std::unique_ptr<comm::StageLink> make_link(const mpi::Comm& pp) const override {
     return make_staged_link(pp);
@@ -128,6 +133,7 @@ class CudaLayerOps final : public detail::LayerOps {
   void sync_from_host() override { dstate_.sync_from_host(stream_.get()); }
   void sync_to_host() override { dstate_.sync_to_host(stream_.get()); }
   void before_host_waits(std::function<void(void*)> settle) override {
+    settle_ = settle;
     matmul_.set_before_wait(std::move(settle));
   }
 
@@ -144,6 +150,11 @@ class CudaLayerOps final : public detail::LayerOps {
   }
   void ensure_scratch(int rows);
   void check_labels(std::span<const std::int32_t> labels) const;
+  // Before buffers are replaced: the stream's work done, its waits for peers watched.
+  void wait_for_stream() {
+    if (settle_) settle_(stream_.get());
+    LOCUS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  }
 
   ComputeOptions options_;
   DeviceInfo device_;
@@ -164,6 +175,7 @@ class CudaLayerOps final : public detail::LayerOps {
   DeviceBuffer<float> targets_;
   PinnedBuffer<DeviceLossStats> host_stats_;
   PinnedBuffer<double> host_sum_;
+  std::function<void(void*)> settle_;  // before_host_waits()
 };
 
 std::size_t CudaLayerOps::prepare(detail::LayerActivations& base, int rows, bool receives_input,
@@ -177,7 +189,7 @@ std::size_t CudaLayerOps::prepare(detail::LayerActivations& base, int rows, bool
   const bool grow = !a.bufs || a.bufs->capacity < rows || (training && !a.training_) ||
                     (receives_grad && !a.grad_in_);
   if (grow) {
-    LOCUS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // nothing queued uses the old ones
+    wait_for_stream();  // nothing queued uses the old ones
     a.training_ = a.training_ || training;
     a.grad_in_ = a.grad_in_ || receives_grad;
     const int capacity = std::max({rows, 1, a.bufs ? a.bufs->capacity : 1});
@@ -202,7 +214,7 @@ std::size_t CudaLayerOps::prepare(detail::LayerActivations& base, int rows, bool
 
 void CudaLayerOps::ensure_scratch(int rows) {
   if (scratch_ && scratch_->capacity >= rows) return;
-  LOCUS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  wait_for_stream();
   scratch_.emplace(state_.model.spec(), range(), std::max(rows, 1), true, layers_.bf16());
 }
 

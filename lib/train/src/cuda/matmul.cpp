@@ -232,6 +232,44 @@ std::vector<double> Matmul::time_candidates(Plan& p, const void* a, const void* 
   return ms;
 }
 
+namespace {
+
+// Device memory allocated and freed in stream order (cudaMallocAsync / cudaFreeAsync), so
+// neither waits for the rest of the device; cudaMalloc / cudaFree where the device has no
+// memory pools.
+class StreamScratch {
+ public:
+  StreamScratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
+    if (bytes == 0) return;
+    const cudaError_t rc = cudaMallocAsync(&p_, bytes, s);
+    if (rc == cudaErrorNotSupported) {
+      (void)cudaGetLastError();
+      pooled_ = false;
+      LOCUS_CUDA_CHECK(cudaMalloc(&p_, bytes));
+    } else {
+      LOCUS_CUDA_CHECK(rc);
+    }
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  ~StreamScratch() {
+    if (p_ == nullptr) return;
+    if (pooled_) {
+      cudaFreeAsync(p_, stream_);
+    } else {
+      cudaFree(p_);
+    }
+  }
+  void* get() const noexcept { return p_; }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+  bool pooled_ = true;
+};
+
+}  // namespace
+
 // d: where the candidates may write (the run that follows overwrites it), or null (an
 // accumulating run reads it): a scratch buffer then.
 void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b, float* d,
@@ -253,13 +291,14 @@ void Matmul::choose(const GemmShape& s, Plan& p, const void* a, const void* b, f
   LOCUS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
   if (capturing != cudaStreamCaptureStatusNone) return;  // a capture measures nothing
   if (before_wait_) before_wait_(stream);
-  // No allocation where d will do: a cudaFree waits for the whole device, a reduction or a
-  // stage transfer in flight included, unwatched.
-  DeviceBuffer<float> scratch(d != nullptr ? std::size_t{0}
-                                           : static_cast<std::size_t>(s.ldd) *
-                                                 static_cast<std::size_t>(s.n));
+  // Where d will not do (an accumulating GEMM reads it), scratch in stream order: a cudaFree
+  // would wait for the whole device, a reduction or a stage transfer in flight included.
+  StreamScratch scratch(d != nullptr ? std::size_t{0}
+                                     : static_cast<std::size_t>(s.ldd) *
+                                           static_cast<std::size_t>(s.n) * sizeof(float),
+                        stream);
   const std::vector<double> ms =
-      time_candidates(p, a, b, d != nullptr ? d : scratch.data(), stream);
+      time_candidates(p, a, b, d != nullptr ? d : static_cast<float*>(scratch.get()), stream);
   const double best = *std::min_element(ms.begin(), ms.end());
   std::size_t pick = 0;  // a candidate refused by cuBLASLt times +inf
   if (!(ms[0] <= kSlowest * best) && !(ms[0] - best < kMinSavingMs)) {

@@ -259,7 +259,9 @@ void PipelineStage::Impl::forward_op(int m, int ahead, const PipelineBatch& b, b
   if (stage + 1 < stages) {
     // pipeline-send-N (1-based step): a stage stopping before its activations go up, while the
     // next stage waits for them on the link (tests/apps/test_train_nccl_app.py).
-    if (test_hooks_enabled()) test_hook(fmt::format("pipeline-send-{}", step + 1).c_str());
+    if (training && test_hooks_enabled()) {
+      test_hook(fmt::format("pipeline-send-{}", step + 1).c_str());
+    }
     link->send(s.act->output(), stage + 1, kActivationTag, s.send_output);
     if (training) link->recv(s.act->grad_in(), stage + 1, kGradientTag, s.recv_grad);
   }

@@ -152,13 +152,15 @@ class GradientReducer {
   // Collective over the reducer's communicator: reduces data (any size, identical on every
   // rank) in place, blocking. Must not be called between ready_from() and finish().
   virtual void allreduce_average(std::span<float> data) = 0;
-  // Local, called before the host waits for `stream` (a device stream that waits for a
-  // reduction: a step's loss sums, its gradient norm): blocks until the reductions enqueued so
-  // far have completed, so that the host's wait is then held only by the stream's own work or
-  // by what else it waits for (a pipeline stage's link settles that). Host reducers: returns
-  // at once (finish() already blocked). NCCL: polls NCCL's error state meanwhile and gives up
-  // after ReducerOptions::timeout_s, so a dead peer ends the job with an NcclError naming the
-  // all-reduce instead of a wait inside CUDA.
+  // Local, called before the host waits for `stream` (a device stream that finish() ordered
+  // after a reduction: a step's loss sums, its gradient norm, its state): blocks until the last
+  // finished step's reduction has completed -- all the stream can wait for from this reducer
+  // -- so that the host's wait is then held only by the stream's own work or by what else it
+  // waits for (a pipeline stage's link settles that). Callable mid-step (the buckets already
+  // enqueued are not waited for). Host reducers: returns at once (finish() already blocked).
+  // NCCL: polls NCCL's error state meanwhile and gives up after ReducerOptions::timeout_s, so
+  // a dead peer ends the job with an NcclError naming the all-reduce instead of a wait inside
+  // CUDA.
   virtual void settle(void* stream) { (void)stream; }
 
   virtual const ReducerStats& stats() const noexcept = 0;

@@ -155,9 +155,10 @@ class Compute {
 
   // settle(stream) waits, watching their peers, for what the backend's stream may wait for
   // from other ranks (the trainer's: its reducer's settle()). A device backend calls it before
-  // a host wait of its own inside a step -- the first GEMM of a new shape (a short last batch,
-  // an evaluation batch) times cuBLASLt's candidates -- so a peer that died then ends the job
-  // in the reducer's NcclError, not in a wait inside CUDA. Host backends: ignored.
+  // a host wait of its own inside a step -- its buffers growing for a larger batch, the first
+  // GEMM of a new shape (a short last batch, an evaluation batch) timing cuBLASLt's
+  // candidates -- so a peer that died then ends the job in the reducer's NcclError, not in a
+  // wait inside CUDA. Host backends: ignored.
   virtual void before_host_waits(std::function<void(void*)> settle) { (void)settle; }
 };
 
