@@ -7,8 +7,8 @@
 //
 // The NCCL communicator (nccl_comm.hpp) is non-blocking, so a collective stuck on a dead or
 // stopped peer can be aborted: whenever the host waits (set-up, finish() waiting for the
-// PREVIOUS step, the destructor) it polls NCCL's asynchronous error state and gives up after
-// options.timeout_s (train.reducer_timeout_s) with an NcclError naming the collective.
+// PREVIOUS step, settle(), the destructor) it polls NCCL's asynchronous error state and gives
+// up after options.timeout_s (train.reducer_timeout_s) with an NcclError naming the collective.
 //
 // train.reducer_precision = bf16: each bucket is rounded into a bf16 copy on the
 // communication stream, NCCL sums the copy in bf16, and the sum is widened back into the

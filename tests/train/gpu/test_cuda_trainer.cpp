@@ -464,33 +464,44 @@ TEST_F(CudaTrainer, AnEmptyBlockIsNeitherCachedNorMappedAndItsStepsRun) {
 // stream in the middle of a step, as is the replacement of its buffers for a larger batch: the
 // backend first calls what the trainer gave it (before_host_waits: the reducer's settle,
 // watching the peers) with that stream -- for new shapes and growth only, never again for a
-// shape it has chosen. (The first step's buffers are made with nothing queued: no call.)
+// shape it has chosen. (The first step's buffers are made with nothing queued: no call.) A
+// second backend that never times (gemm_select = heuristic) settles for the growth alone.
 TEST_F(CudaTrainer, TimingANewGemmShapeSettlesWithThePeersFirst) {
   const ModelSpec spec = small_spec(29);  // a width no other test uses: shapes not timed yet
   OptimizerOptions optimizer;
-  ComputeOptions c;
-  c.backend = "cuda";
-  c.measure_gemms = true;
-  TrainState state(spec, optimizer);
-  auto compute = make_compute(c, mpi::Comm::world(), state, Loss::softmax_cross_entropy);
-  std::vector<void*> settled;
-  compute->before_host_waits([&](void* stream) { settled.push_back(stream); });
-  const auto step = [&](int rows) {
-    std::vector<float> x(static_cast<std::size_t>(rows) * 29, 0.25f);
-    std::vector<std::int32_t> y(static_cast<std::size_t>(rows), 1);
-    compute->forward_backward(Batch{x, rows, y, {}, {}, {}}, 0, rows, {});
-    compute->optimizer_step(0.01, 0.0);
-  };
-  step(37);
-  const std::size_t first = settled.size();
-  EXPECT_GT(first, 0u) << "no GEMM of a new shape was timed (each had one candidate?)";
-  for (void* s : settled) EXPECT_EQ(s, compute->grads().stream);
-  step(37);
-  EXPECT_EQ(settled.size(), first) << "shapes chosen already were timed again";
-  step(45);
-  EXPECT_GT(settled.size(), first) << "the buffers grew for 45 rows without settling first";
-  for (void* s : settled) EXPECT_EQ(s, compute->grads().stream);
-  compute->sync_to_host();
+  for (const bool measure : {true, false}) {
+    SCOPED_TRACE(measure ? "gemm_select = measure" : "gemm_select = heuristic");
+    ComputeOptions c;
+    c.backend = "cuda";
+    c.measure_gemms = measure;
+    TrainState state(spec, optimizer);
+    auto compute = make_compute(c, mpi::Comm::world(), state, Loss::softmax_cross_entropy);
+    std::vector<void*> settled;
+    compute->before_host_waits([&](void* stream) { settled.push_back(stream); });
+    const auto step = [&](int rows) {
+      std::vector<float> x(static_cast<std::size_t>(rows) * 29, 0.25f);
+      std::vector<std::int32_t> y(static_cast<std::size_t>(rows), 1);
+      compute->forward_backward(Batch{x, rows, y, {}, {}, {}}, 0, rows, {});
+      compute->optimizer_step(0.01, 0.0);
+    };
+    step(37);
+    const std::size_t first = settled.size();
+    if (measure) {
+      EXPECT_GT(first, 0u) << "no GEMM of a new shape was timed (each had one candidate?)";
+    } else {
+      EXPECT_EQ(first, 0u) << "settled although nothing was timed and nothing grew";
+    }
+    step(37);
+    EXPECT_EQ(settled.size(), first) << "shapes chosen already were timed again";
+    step(45);
+    if (measure) {
+      EXPECT_GT(settled.size(), first) << "45 rows: new shapes and growth, no settle";
+    } else {
+      EXPECT_EQ(settled.size(), first + 1) << "the buffers grew for 45 rows: one settle first";
+    }
+    for (void* s : settled) EXPECT_EQ(s, compute->grads().stream);
+    compute->sync_to_host();
+  }
 }
 
 // The loss sums of more steps than the backend's pinned ring holds (4096, cuda_compute.cpp)

@@ -236,28 +236,24 @@ namespace {
 
 // Device memory allocated and freed in stream order (cudaMallocAsync / cudaFreeAsync), so
 // neither waits for the rest of the device; cudaMalloc / cudaFree where the device has no
-// memory pools.
+// memory pools (the free then waits for the whole device, as before).
 class StreamScratch {
  public:
   StreamScratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
     if (bytes == 0) return;
-    const cudaError_t rc = cudaMallocAsync(&p_, bytes, s);
-    if (rc == cudaErrorNotSupported) {
-      (void)cudaGetLastError();
-      pooled_ = false;
-      LOCUS_CUDA_CHECK(cudaMalloc(&p_, bytes));
-    } else {
-      LOCUS_CUDA_CHECK(rc);
-    }
+    int device = 0, pools = 0;
+    LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+    LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    pooled_ = pools != 0;
+    LOCUS_CUDA_CHECK(pooled_ ? cudaMallocAsync(&p_, bytes, s) : cudaMalloc(&p_, bytes));
   }
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;
   ~StreamScratch() {
     if (p_ == nullptr) return;
-    if (pooled_) {
-      cudaFreeAsync(p_, stream_);
-    } else {
-      cudaFree(p_);
+    // Never throws; a failure is not left as the last error for the next launch's check.
+    if ((pooled_ ? cudaFreeAsync(p_, stream_) : cudaFree(p_)) != cudaSuccess) {
+      (void)cudaGetLastError();
     }
   }
   void* get() const noexcept { return p_; }
