@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "locus/comm/error.hpp"
@@ -31,6 +33,29 @@ struct PeerDevice {
 std::string nccl_host_identity() {
   const char* id = std::getenv("NCCL_HOSTID");
   return id != nullptr && *id != '\0' ? std::string(id) : mpi::hostname();
+}
+
+// The process's communicators that are made and not yet closed or aborted (abort_all).
+std::mutex live_mutex;
+std::vector<NcclComm*> live;
+
+// ncclCommAbort on each of comms at once, a thread each (inline where a thread cannot start).
+void abort_concurrently(const std::vector<ncclComm_t>& comms) noexcept {
+  if (comms.size() == 1) {
+    ncclCommAbort(comms.front());
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(comms.size());
+  std::size_t started = 0;
+  try {
+    for (; started < comms.size(); ++started) {
+      threads.emplace_back([c = comms[started]] { ncclCommAbort(c); });
+    }
+  } catch (...) {  // std::system_error: no thread to be had
+  }
+  for (std::size_t i = started; i < comms.size(); ++i) ncclCommAbort(comms[i]);
+  for (std::thread& t : threads) t.join();
 }
 
 }  // namespace
@@ -109,10 +134,35 @@ NcclComm::NcclComm(const mpi::Comm& comm, std::string role, NcclTimeout timeout)
   config.blocking = 0;  // abortable while a peer is stuck
   const ncclResult_t rc = ncclCommInitRankConfig(&nccl_, size_, id, rank_, &config);
   if (rc != ncclSuccess && rc != ncclInProgress) fail(rc, "ncclCommInitRankConfig");
+  // The set-up waits at least kSetupLimitS whatever the operations' timeout: a process's
+  // first communicator loads and probes (seconds; more with many ranks over sockets), and a
+  // short timeout meant for stuck transfers would fail a healthy start.
+  setting_up_ = true;
   await("ncclCommInitRankConfig", [] { return true; });
+  setting_up_ = false;
+  const std::lock_guard lock(live_mutex);
+  live.push_back(this);
 }
 
 NcclComm::~NcclComm() { close(false); }
+
+void NcclComm::forget() noexcept {
+  const std::lock_guard lock(live_mutex);
+  std::erase(live, this);
+}
+
+void NcclComm::abort_all() noexcept {
+  std::vector<ncclComm_t> comms;
+  if (nccl_ != nullptr) comms.push_back(std::exchange(nccl_, nullptr));  // live or not yet
+  {
+    const std::lock_guard lock(live_mutex);
+    for (NcclComm* c : live) {
+      if (c->nccl_ != nullptr) comms.push_back(std::exchange(c->nccl_, nullptr));
+    }
+    live.clear();
+  }
+  if (!comms.empty()) abort_concurrently(comms);
+}
 
 void NcclComm::issued(ncclResult_t rc, const char* call) {
   if (rc == ncclInProgress) {
@@ -131,9 +181,12 @@ void NcclComm::await(const char* what, const std::function<bool()>& done) {
   Clock::duration waited{};
   const auto start = Clock::now();
   auto last = start;
-  const auto limit = std::chrono::duration<double>(timeout_.seconds);
+  const double seconds = setting_up_ && timeout_.seconds > 0
+                             ? std::max(timeout_.seconds, kSetupLimitS)
+                             : timeout_.seconds;
+  const auto limit = std::chrono::duration<double>(seconds);
   while (true) {
-    LOCUS_ASSERT(nccl_ != nullptr, fmt::format("{} on an aborted NCCL communicator", what));
+    if (nccl_ == nullptr) aborted_already(what);
     ncclResult_t st = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(nccl_, &st);
     if (rc != ncclSuccess) fail(rc, "ncclCommGetAsyncError");
@@ -142,9 +195,15 @@ void NcclComm::await(const char* what, const std::function<bool()>& done) {
     const auto now = Clock::now();
     waited += std::min<Clock::duration>(now - last, kMaxTick);
     last = now;
-    if (timeout_.seconds > 0 && waited > limit) {
-      ncclCommAbort(nccl_);
-      nccl_ = nullptr;
+    if (seconds > 0 && waited > limit) {
+      abort_all();
+      if (setting_up_) {
+        throw NcclError(fmt::format(
+            "{} did not complete within {:g} s, the NCCL set-up's limit (the longer of {} and "
+            "{:g} s) ({}): a peer rank died, stopped or hangs before the communicator was made; "
+            "it was aborted. HINT: look at the other ranks' logs for the first error",
+            what, seconds, timeout_.key, kSetupLimitS, here()));
+      }
       throw NcclError(fmt::format(
           "{} did not complete within {} = {:g} s ({}): a peer rank died, stopped or hangs; the "
           "NCCL communicator was aborted. HINT: look at the other ranks' logs for the first "
@@ -156,7 +215,7 @@ void NcclComm::await(const char* what, const std::function<bool()>& done) {
 }
 
 void NcclComm::check(const char* what) {
-  LOCUS_ASSERT(nccl_ != nullptr, fmt::format("{} on an aborted NCCL communicator", what));
+  if (nccl_ == nullptr) aborted_already(what);
   ncclResult_t st = ncclSuccess;
   const ncclResult_t rc = ncclCommGetAsyncError(nccl_, &st);
   if (rc != ncclSuccess) fail(rc, "ncclCommGetAsyncError");
@@ -169,16 +228,25 @@ void NcclComm::fail(ncclResult_t rc, const char* call) {
                                        ncclGetErrorString(rc), static_cast<int>(rc),
                                        last != nullptr && *last ? ": " : "",
                                        last != nullptr ? last : "", here());
-  if (nccl_ != nullptr) {
-    ncclCommAbort(nccl_);
-    nccl_ = nullptr;
-  }
+  abort_all();
   throw NcclError(text);
+}
+
+void NcclComm::aborted_already(const char* what) const {
+  throw NcclError(fmt::format(
+      "{} on {}: its NCCL communicator was aborted after an earlier NCCL error or timeout in "
+      "this process (the first error says which)",
+      what, here()));
 }
 
 void NcclComm::close(bool healthy) noexcept {
   if (nccl_ == nullptr) return;
-  if (healthy) {
+  if (!healthy) {
+    abort_all();
+    return;
+  }
+  forget();
+  {
     // On a non-blocking communicator the finalization runs in the background: the call
     // returns ncclInProgress, and ncclCommGetAsyncError says when it is done.
     const ncclResult_t rc = ncclCommFinalize(nccl_);

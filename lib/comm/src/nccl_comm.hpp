@@ -8,6 +8,14 @@
 // ncclCommGetAsyncError and gives up after the timeout with ncclCommAbort and an NcclError
 // naming the operation, the rank, the host and the device. A SIGSTOP counts as at most one
 // poll interval of that time, so a suspended job does not time out when it is continued.
+//
+// An abort ends every communicator of the process, all at once (abort_all). ncclCommAbort
+// returns only once each kernel its communicator launched has started and seen the abort, and
+// such a kernel may sit in a stream behind work that waits for another communicator's
+// transfer -- a stage link's send queued behind the compute stream, which waits for the other
+// channel's receive from a dead peer; a reducer's bucket behind a stage's receive. Aborted one
+// at a time, the first abort could wait forever for a kernel that only a later one would free.
+// A failed NCCL operation ends the job, so nothing is lost by ending them all.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,27 +71,39 @@ class NcclComm {
   // then issued), anything else but ncclSuccess fails.
   void issued(ncclResult_t rc, const char* call);
   // Polls until done() and the communicator has no operation in progress; fails on an
-  // asynchronous NCCL error, and after the timeout aborts the communicator and throws an
-  // NcclError naming `what` (each poll interval counted as at most a second).
+  // asynchronous NCCL error, and after the timeout aborts (abort_all) and throws an NcclError
+  // naming `what` (each poll interval counted as at most a second). On a communicator aborted
+  // already (another's error), an NcclError saying so.
   void await(const char* what, const std::function<bool()>& done);
   // Without waiting: fails (as await) when NCCL reports an asynchronous error.
   void check(const char* what);
-  // Aborts the communicator and throws an NcclError naming the call and NCCL's last error.
+  // Aborts (abort_all) and throws an NcclError naming the call and NCCL's last error.
   [[noreturn]] void fail(ncclResult_t rc, const char* call);
 
   // Finalizes and destroys the communicator when `healthy` (every operation waited for) and
-  // NCCL agrees within 10 s, else aborts it (an abort also ends NCCL kernels stuck on a dead
-  // peer). Never throws; idempotent.
+  // NCCL agrees within 10 s, else aborts it with every other communicator of the process
+  // (abort_all; an abort also ends NCCL kernels stuck on a dead peer). Never throws;
+  // idempotent.
   void close(bool healthy) noexcept;
 
   // "pipeline rank 1/2 on host, GPU 0 (0000:19:00.0)": where a message comes from.
   std::string here() const;
 
  private:
+  // Aborts this communicator and every other live one of the process concurrently (a thread
+  // per communicator: each sets its abort flag at once, then waits for its kernels), and
+  // leaves them all without one. Never throws.
+  void abort_all() noexcept;
+  void forget() noexcept;  // leaves the registry of live communicators
+  [[noreturn]] void aborted_already(const char* what) const;
+
   int rank_ = 0;
   int size_ = 0;
   std::string role_;
   NcclTimeout timeout_;
+  // While the communicator is made, waits give up after at least kSetupLimitS (nccl_comm.cpp).
+  static constexpr double kSetupLimitS = 120;
+  bool setting_up_ = false;
   ncclComm_t nccl_ = nullptr;
 };
 

@@ -18,9 +18,10 @@
 // stream (the buffer may still be read by earlier work). wait() makes the buffer's stream wait
 // for the transfer (an event per request). The host blocks in drain() and in settle() (before
 // the pipeline waits for a stream that waits for a transfer: the last stage's loss, the CUDA
-// backend's own waits mid-step -- buffers that grow, a new GEMM shape timed), which poll
-// every channel's NCCL error state and give up after the timeout (nccl_comm.hpp); any failure
-// there aborts every channel, since a channel left stuck would hang the next CUDA call that
+// backend's own waits mid-step -- a new GEMM shape timed, the frees of buffers that grew), which
+// poll every channel's NCCL error state and give up after the timeout (nccl_comm.hpp); any
+// failure there aborts every channel -- all at once, with the process's other communicators
+// (nccl_comm.hpp says why) -- since a channel left stuck would hang the next CUDA call that
 // synchronizes the device (a cudaFree while unwinding).
 //
 // Both channels' kernels must run side by side: serialized on one hardware queue, a send could
@@ -148,6 +149,7 @@ class NcclLink final : public StageLink {
   void drain() override { await_idle("a pipeline transfer (stage link)"); }
 
   void settle(void* stream) override {
+    if (stream == nullptr) return;  // none (link.hpp); not the legacy default stream
     LOCUS_NCCL_CUDA(cudaEventRecord(settled_, static_cast<cudaStream_t>(stream)));
     await_all("a pipeline transfer a host wait depends on (stage link)",
               [&] { return event_done(settled_); });
@@ -205,7 +207,8 @@ class NcclLink final : public StageLink {
   }
 
   // A transfer just enqueued on channel c (NcclComm::issued); when it fails, every channel is
-  // aborted before the error goes on, as in await_all.
+  // aborted before the error goes on, as in await_all (the first close aborts them all at once,
+  // with every other communicator of the process: nccl_comm.hpp).
   void issue(Channel& c, ncclResult_t rc, const char* call) {
     try {
       c.nccl->issued(rc, call);

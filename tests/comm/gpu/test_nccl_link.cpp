@@ -7,7 +7,8 @@
 // ConfigError naming why: NCCL refuses them in one communicator; train.stage_link = auto then
 // takes the host-staged link). Two ranks on one GPU form a communicator only with the
 // test-only host ids of bench/gpu/hostid_rank.sh. A transfer whose peer never takes part ends
-// in an NcclError within the timeout, the link aborted.
+// in an NcclError within the timeout, the link aborted -- both channels at once where a send
+// waits behind a stuck receive.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -238,6 +239,51 @@ TEST_F(NcclLink, AStuckTransferEndsInAnNcclErrorWithinTheTimeout) {
   }
   if (r == 0) test::expect_gave_up_in_time(gave_up, "a pipeline transfer (stage link)");
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the aborted transfer's kernel must end";
+  world.barrier();
+}
+
+// A stuck receive that the other channel's send waits behind: rank 0's stream waits for a
+// receive from rank 1, which never sends, and rank 0's send up is queued after that wait. Giving
+// up must abort both channels at once: aborted one at a time, the send's channel first (it
+// counts the time), its abort would wait forever for its kernel, which waits behind the other
+// channel's receive. The same bounds as above (both directions' connections made first).
+TEST_F(NcclLink, AStuckReceiveThatASendWaitsBehindIsAbortedWithIt) {
+  const mpi::Comm world = mpi::Comm::world();
+  if (world.size() < 2) GTEST_SKIP() << "a stage link needs 2 ranks or more";
+  if (const std::string why = nccl_link_unusable_reason(world); !why.empty()) {
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
+    GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
+  }
+  const int r = world.rank();
+  LinkOptions o;
+  o.timeout_s = 3;
+  const DeviceBuffer small(16), big(std::size_t{8} << 20);
+  test::GaveUp gave_up;
+  try {
+    auto link = make_nccl_link(world, kTags, o);
+    LinkRequest q;
+    if (r == 0) link->send(view(small), 1, kUp, q);
+    if (r == 1) link->recv(view(small), 0, kUp, q);
+    link->wait(q);
+    link->drain();
+    if (r == 1) link->send(view(small), 0, kDown, q);
+    if (r == 0) link->recv(view(small), 1, kDown, q);
+    link->wait(q);
+    link->drain();
+    if (r == 0) {
+      LinkRequest in, out;
+      link->recv(view(small), 1, kDown, in);
+      link->wait(in);                       // the stream waits for a receive that never comes
+      link->send(view(big), 1, kUp, out);   // the up channel waits for the stream: behind it
+      link->wait(out);
+      gave_up = test::give_up([&] { link->drain(); }, [&] { link.reset(); });
+    }
+    world.barrier();  // the peers keep their links until rank 0 has given up
+    if (r != 0) throw Unwind{};
+  } catch (const Unwind&) {
+  }
+  if (r == 0) test::expect_gave_up_in_time(gave_up, "a pipeline transfer (stage link)");
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "both aborted transfers' kernels must end";
   world.barrier();
 }
 
