@@ -129,6 +129,11 @@ class LayerOps {
   virtual void sync_to_host() {}
   // As Compute::before_host_waits (a pipeline stage's: its reducer's and its link's settle()).
   virtual void before_host_waits(std::function<void(void*)> settle) { (void)settle; }
+  // Frees the buffers that grew during the step (a device backend keeps the old ones until
+  // here: freeing them mid-step would wait for the whole device, the link's transfers in
+  // flight included, which may wait for a peer that waits for this stage). Called once the
+  // step's transfers are done; settles first where it frees anything.
+  virtual void free_replaced() {}
 };
 
 // The layer operations of the backend options.backend names on the held layers of `state`

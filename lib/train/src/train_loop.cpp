@@ -294,6 +294,7 @@ TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
     m.boundary(run, epoch_done);
   }
   m.end_progress();
+  m.settle();  // the copy waits for the last step's all-reduce: watch the peers meanwhile
   m.compute->sync_to_host();
 
   const Mark end = m.mark();

@@ -4,16 +4,21 @@
 // dropout and clipping, AdamW + gelu + mse), at any rank count micro-batches on one stage;
 // weights, optimizer state, losses and gradient norms within 1e-3 relative of the CPU; bf16 in
 // its band; bitwise the same run twice and with train.graphs on or off (stages launch eagerly);
-// a state restored mid-run continues bitwise; the device cache with stages is refused. Without
-// a device every case skips.
+// a state restored mid-run continues bitwise; buffers that grow mid-step are freed only after
+// it; the device cache with stages is refused. Without a device every case skips.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <optional>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "agreed_error.hpp"
+#include "layer_ops.hpp"
 #include "locus/train/compute.hpp"
 #include "test_trainer_util.hpp"
 
@@ -355,6 +360,70 @@ TEST_F(CudaPipeline, RestoredStateContinuesBitwise) {
   const StageRun straight = train(o);
   EXPECT_EQ(resumed.params, straight.params);
   EXPECT_EQ(resumed.optimizer, straight.optimizer);
+}
+
+// A stage's buffers that grow mid-step -- a slot reused by a larger micro-batch, the pass's
+// scratch, the loss's labels, a send buffer -- keep their old memory until the step's
+// transfers are done: no host wait as they grow (a cudaFree then would wait for the whole
+// device, transfers to and from peers included, which may wait for this stage), one settle
+// and the frees at free_replaced(), nothing at a second call; the grown buffers compute
+// bitwise what fresh ones do. (gemm_select = heuristic: no GEMM is timed, which settles too.)
+TEST_F(CudaPipeline, BuffersThatGrowMidStepAreFreedOnlyAfterTheStep) {
+  ModelSpec spec;
+  spec.widths = {kFeatures, 24, 16, kClasses};
+  spec.seed = 7;
+  OptimizerOptions optimizer;
+  ComputeOptions c;
+  c.backend = "cuda";
+  c.measure_gemms = false;
+  const mpi::Comm& world = mpi::Comm::world();
+  TrainState grown_state(spec, optimizer), fresh_state(spec, optimizer);
+  auto grown = detail::make_layer_ops(c, world, grown_state);
+  auto fresh = detail::make_layer_ops(c, world, fresh_state);
+  int settles = 0;
+  grown->before_host_waits([&](void*) { ++settles; });
+  constexpr int kRows = 9;
+  std::vector<float> x(std::size_t{kRows} * kFeatures);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>((i * 37) % 23) / 11.0f - 1.0f;
+  }
+  std::vector<std::int32_t> y(kRows);
+  for (int i = 0; i < kRows; ++i) y[static_cast<std::size_t>(i)] = (i * 3) % kClasses;
+  const auto logits = [](detail::LayerActivations& a) {
+    const comm::GradientBuffer out = a.output();
+    std::vector<float> host(out.size);
+    EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(out.stream)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(host.data(), out.data, out.size * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return host;
+  };
+  const Loss loss = Loss::softmax_cross_entropy;
+  auto a = grown->make_activations();
+  auto send = grown->make_buffer();
+  grown->prepare(*a, kRows - 1, false, false, false);
+  const std::size_t first_floats = std::size_t{kRows - 1} * kFeatures;
+  grown->forward(*a, std::span<const float>(x).first(first_floats), false, {});
+  grown->loss(*a, loss, std::span<const std::int32_t>(y).first(kRows - 1), {}, 1.0, false);
+  send->view(16);
+  grown->prepare(*a, kRows, false, false, false);  // grows: the 8-row buffers are kept
+  grown->forward(*a, x, false, {});
+  const LossStats grown_loss = grown->loss(*a, loss, y, {}, 1.0, false);  // labels grow too
+  send->view(std::size_t{kRows} * kFeatures);
+  EXPECT_EQ(settles, 0) << "a buffer that grew waited on the host mid-step";
+  const std::vector<float> grown_logits = logits(*a);
+  grown->free_replaced();
+  EXPECT_EQ(settles, 1) << "the kept buffers are freed after a settle (the peers watched)";
+  grown->free_replaced();
+  EXPECT_EQ(settles, 1) << "nothing was kept since: nothing to settle for";
+
+  auto b = fresh->make_activations();
+  fresh->prepare(*b, kRows, false, false, false);
+  fresh->forward(*b, x, false, {});
+  const LossStats fresh_loss = fresh->loss(*b, loss, y, {}, 1.0, false);
+  EXPECT_EQ(grown_logits, logits(*b));
+  EXPECT_EQ(grown_loss.loss_sum, fresh_loss.loss_sum);
+  EXPECT_EQ(grown_loss.correct, fresh_loss.correct);
+  EXPECT_EQ(grown_loss.rows, kRows);
 }
 
 // The device cache feeds whole-model steps only: with stages or micro-batches it is an agreed

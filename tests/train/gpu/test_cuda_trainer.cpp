@@ -14,8 +14,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -302,7 +304,14 @@ TEST_F(CudaTrainer, DeviceGatherFromABlockPageLockedAlreadyUsesACopy) {
   ComputeOptions c;
   c.backend = "cuda";
   constexpr int kRows = 96, kBatch = 16, kSteps = 8;
-  std::vector<float> block(std::size_t{kRows} * kFeatures);
+  // Whole pages of its own: CUDA page-locks whole pages, and a neighbour on a page registered
+  // by someone else would make the registration below fail for the wrong reason.
+  const std::size_t page = 4096, floats = std::size_t{kRows} * kFeatures;
+  const std::size_t bytes = (floats * sizeof(float) + page - 1) / page * page;
+  const std::unique_ptr<float, decltype(&std::free)> pages(
+      static_cast<float*>(std::aligned_alloc(page, bytes)), &std::free);
+  ASSERT_TRUE(pages != nullptr);
+  const std::span<float> block(pages.get(), floats);
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (float& v : block) v = uniform(gen);

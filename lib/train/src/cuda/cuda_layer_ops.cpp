@@ -13,7 +13,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "cuda/cuda_compute.hpp"
 #include "cuda/device.hpp"
@@ -26,6 +30,21 @@ namespace locus::train::cuda {
 namespace {
 
 std::size_t sz(int a, int b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); }
+
+// Device buffers replaced while work queued before may still read them: kept (moved here)
+// until CudaLayerOps::free_replaced(), not freed, since cudaFree waits for the whole device.
+class Replaced {
+ public:
+  template <class T>
+  void keep(T&& old) {
+    kept_.push_back(std::make_shared<std::decay_t<T>>(std::forward<T>(old)));
+  }
+  bool empty() const noexcept { return kept_.empty(); }
+  void clear() noexcept { kept_.clear(); }
+
+ private:
+  std::vector<std::shared_ptr<void>> kept_;
+};
 
 comm::GradientBuffer device_view(float* p, std::size_t n, cudaStream_t s) {
   return {p, n, comm::MemorySpace::cuda, s};
@@ -62,15 +81,14 @@ class CudaActivations final : public detail::LayerActivations {
   DeviceBuffer<std::uint64_t> sample_ids;  // dropout: the micro-batch's rows' global ids
 };
 
-// settle: the layer ops' before_host_waits() (the stream may wait for peers' transfers).
+// replaced: the layer ops' (which outlive the buffer), where a buffer that grows leaves its old
+// memory (a transfer queued before may still read it).
 class CudaBuffer final : public detail::LayerBuffer {
  public:
-  CudaBuffer(cudaStream_t s, const std::function<void(void*)>* settle)
-      : stream_(s), settle_(settle) {}
+  CudaBuffer(cudaStream_t s, Replaced* replaced) : stream_(s), replaced_(replaced) {}
   comm::GradientBuffer view(std::size_t n) override {
     if (data_.size() < n) {
-      if (*settle_) (*settle_)(stream_);
-      LOCUS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing queued reads the old one
+      if (data_.size() > 0) replaced_->keep(std::move(data_));
       data_ = DeviceBuffer<float>(n);
     }
     return device_view(data_.data(), n, stream_);
@@ -78,7 +96,7 @@ class CudaBuffer final : public detail::LayerBuffer {
 
  private:
   cudaStream_t stream_;
-  const std::function<void(void*)>* settle_;
+  Replaced* replaced_;
   DeviceBuffer<float> data_;
 };
 
@@ -115,7 +133,7 @@ class CudaLayerOps final : public detail::LayerOps {
     return std::make_unique<CudaActivations>(stream_.get());
   }
   std::unique_ptr<detail::LayerBuffer> make_buffer() const override {
-    return std::make_unique<CudaBuffer>(stream_.get(), &settle_);
+    return std::make_unique<CudaBuffer>(stream_.get(), &replaced_);
   }
   std::unique_ptr<comm::StageLink> make_link(const mpi::Comm& pp) const override {
     return make_staged_link(pp);
@@ -136,6 +154,11 @@ class CudaLayerOps final : public detail::LayerOps {
     settle_ = settle;
     matmul_.set_before_wait(std::move(settle));
   }
+  void free_replaced() override {
+    if (replaced_.empty()) return;
+    wait_for_stream();
+    replaced_.clear();
+  }
 
  private:
   static CudaActivations& dev(detail::LayerActivations& a) {
@@ -150,7 +173,7 @@ class CudaLayerOps final : public detail::LayerOps {
   }
   void ensure_scratch(int rows);
   void check_labels(std::span<const std::int32_t> labels) const;
-  // Before buffers are replaced: the stream's work done, its waits for peers watched.
+  // Before replaced buffers are freed: the stream's work done, its waits for peers watched.
   void wait_for_stream() {
     if (settle_) settle_(stream_.get());
     LOCUS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
@@ -176,6 +199,7 @@ class CudaLayerOps final : public detail::LayerOps {
   PinnedBuffer<DeviceLossStats> host_stats_;
   PinnedBuffer<double> host_sum_;
   std::function<void(void*)> settle_;  // before_host_waits()
+  mutable Replaced replaced_;          // buffers grown this step, until free_replaced()
 };
 
 std::size_t CudaLayerOps::prepare(detail::LayerActivations& base, int rows, bool receives_input,
@@ -189,10 +213,12 @@ std::size_t CudaLayerOps::prepare(detail::LayerActivations& base, int rows, bool
   const bool grow = !a.bufs || a.bufs->capacity < rows || (training && !a.training_) ||
                     (receives_grad && !a.grad_in_);
   if (grow) {
-    wait_for_stream();  // nothing queued uses the old ones
+    const int capacity = std::max({rows, 1, a.bufs ? a.bufs->capacity : 1});
+    // Work queued before may still use the old buffers: kept until free_replaced().
+    if (a.bufs) replaced_.keep(std::move(*a.bufs));
+    if (a.sample_ids.size() > 0) replaced_.keep(std::move(a.sample_ids));
     a.training_ = a.training_ || training;
     a.grad_in_ = a.grad_in_ || receives_grad;
-    const int capacity = std::max({rows, 1, a.bufs ? a.bufs->capacity : 1});
     // The device always keeps its own copy of the input: received, or uploaded from the host.
     a.bufs.emplace(state_.model.spec(), r, capacity, a.training_, layers_.bf16(), true,
                    a.grad_in_);
@@ -214,7 +240,7 @@ std::size_t CudaLayerOps::prepare(detail::LayerActivations& base, int rows, bool
 
 void CudaLayerOps::ensure_scratch(int rows) {
   if (scratch_ && scratch_->capacity >= rows) return;
-  wait_for_stream();
+  if (scratch_) replaced_.keep(std::move(*scratch_));  // queued work may still use it
   scratch_.emplace(state_.model.spec(), range(), std::max(rows, 1), true, layers_.bf16());
 }
 
@@ -266,10 +292,14 @@ LossStats CudaLayerOps::loss(detail::LayerActivations& base, Loss loss,
   if (rows == 0) return {};
   check_labels(labels);
   cudaStream_t s = stream_.get();
-  if (labels_.size() < labels.size() || targets_.size() < targets.size()) {
-    LOCUS_CUDA_CHECK(cudaStreamSynchronize(s));
-    if (labels_.size() < labels.size()) labels_ = DeviceBuffer<std::int32_t>(labels.size());
-    if (targets_.size() < targets.size()) targets_ = DeviceBuffer<float>(targets.size());
+  // Grown: the old ones kept until free_replaced() (queued work may still read them).
+  if (labels_.size() < labels.size()) {
+    if (labels_.size() > 0) replaced_.keep(std::move(labels_));
+    labels_ = DeviceBuffer<std::int32_t>(labels.size());
+  }
+  if (targets_.size() < targets.size()) {
+    if (targets_.size() > 0) replaced_.keep(std::move(targets_));
+    targets_ = DeviceBuffer<float>(targets.size());
   }
   upload(labels_.data(), labels, s);
   upload(targets_.data(), targets, s);

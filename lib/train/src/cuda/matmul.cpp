@@ -204,6 +204,9 @@ std::vector<double> Matmul::time_candidates(Plan& p, const void* a, const void* 
   std::vector<bool> usable(p.candidates.size());
   for (std::size_t i = 0; i < p.candidates.size(); ++i) {
     usable[i] = launch(p.candidates[i]) == CUBLAS_STATUS_SUCCESS;
+    // A refusal may come from a failed launch: its error is not the stream's, and left
+    // pending it would fail the next kernel's check (cudaPeekAtLastError).
+    if (!usable[i]) (void)cudaGetLastError();
   }
   std::array<cudaEvent_t, 2> ev{};
   LOCUS_CUDA_CHECK(cudaEventCreate(&ev[0]));

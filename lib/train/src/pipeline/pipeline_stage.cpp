@@ -327,6 +327,7 @@ void PipelineStage::Impl::finish_sends() {
   const auto t = Clock::now();
   for (SendBuffer& b : dx_send) link->wait(b.req);
   link->drain();  // NCCL: the step's transfers are done (a dead peer is noticed here)
+  layer_ops->free_replaced();  // buffers that grew this step: nothing in flight reads them now
   cur.wait_s += seconds_since(t);
 }
 
