@@ -47,7 +47,8 @@ if ((${#missing[@]})) && [[ ${ALLOW_MISSING:-0} != 1 ]]; then
 fi
 
 # GPU tests: ctest's registrations of label gpu (name, binary, ranks), plus any executable
-# under a gpu/ folder of the build's tests that ctest does not list.
+# under a gpu/ folder of the build's tests that ctest does not list -- but those ctest lists
+# without the label: they need no device (test_cuda_host) and run in CI.
 manifest=$out/tests/manifest.tsv
 : > "$manifest"
 if command -v ctest > /dev/null; then
@@ -79,7 +80,8 @@ fi
 touch "$manifest.abs"
 while IFS= read -r exe; do
   grep -qF "	$exe	" "$manifest.abs" || printf '%s\t%s\t1\n' "$(basename "$exe")" "$exe" >> "$manifest.abs"
-done < <(find "$build/tests" -path '*/CMakeFiles' -prune -o -path '*/gpu/*' -type f -perm -u+x -print 2> /dev/null | sort)
+done < <(find "$build/tests" -path '*/CMakeFiles' -prune -o -path '*/gpu/*' -type f -perm -u+x \
+           ! -name test_cuda_host -print 2> /dev/null | sort)
 while IFS=$'\t' read -r name exe ranks; do
   if [[ $exe == script:* ]]; then
     printf '%s\t%s\t%s\n' "$name" "$exe" "$ranks" >> "$manifest"

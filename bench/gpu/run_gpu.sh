@@ -24,7 +24,8 @@
 #   TEST_BUDGET_S=180 TEST_TIMEOUT=90 APP_TEST_TIMEOUT=240   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40
 #   HOSTID_BUDGET_S=240 HOSTID_TEST_TIMEOUT GATHER_TIMEOUT=60
 #   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60 INFER_TIMEOUT=150 INFER_ROWS=1048576
-#   SKIP may also name "gather", "reducer", "infer", "deep", "simplenet", "hostid", "monitors", "profile"
+#   SKIP may also name "gather", "reducer" (both reducer benches), "reducer1" (the 1-rank one),
+#   "infer", "deep", "simplenet", "hostid", "monitors", "profile"
 #   SimpleNet 1024-512-10 Adam (after the deep MLP): SIMPLENET_ROWS=65536 (rows of the synthetic
 #   file, 1024 features; PyTorch's simplenet trains on it too) SIMPLENET_RUNS (gpu_train_bench.sh
 #   ROWS; default fp32, batch 64 and 4096, device cache and streamed) SIMPLENET_EPOCHS=10
@@ -41,7 +42,10 @@ t_start=$SECONDS
 deadline=${DEADLINE_S:-570}
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$PWD  # run from the repository root: tests/apps/ are read from here
-bundle=$(cd "${1:?usage: bench/gpu/run_gpu.sh BUNDLE_DIR}" && pwd)
+bundle=$(cd "${1:?usage: bench/gpu/run_gpu.sh BUNDLE_DIR}" 2> /dev/null && pwd) ||
+  { echo "run_gpu.sh: no bundle at $1 (pack it with bench/common/make_gpu_bundle.sh and name it in the device call's carry)" >&2; exit 2; }
+[[ -f $bundle/bin.tar.xz || -d $bundle/apps ]] ||
+  { echo "run_gpu.sh: $bundle holds neither bin.tar.xz nor apps/: not a bundle of make_gpu_bundle.sh" >&2; exit 2; }
 out=${OUT:-/tmp/gpu-run-out}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/gpu-run.XXXXXX)
@@ -84,18 +88,18 @@ export OPENBLAS_NUM_THREADS=1 PYTHONUNBUFFERED=1
 
 section "machine"
 gpu=0
-if command -v nvidia-smi > /dev/null && nvidia-smi -L >> "$work/smi" 2>&1; then
+if command -v nvidia-smi > /dev/null && timeout -k 5 60 nvidia-smi -L >> "$work/smi" 2>&1; then
   gpu=1
   tee -a "$log" < "$work/smi"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit \
+  timeout -k 5 60 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit \
     --format=csv 2>&1 | tee -a "$log"
-  nvidia-smi 2>&1 | grep -m1 'CUDA Version' | tee -a "$log"
+  timeout -k 5 60 nvidia-smi 2>&1 | grep -m1 'CUDA Version' | tee -a "$log"
 else
   say "no GPU: nvidia-smi is missing or sees no device ($(head -n 1 "$work/smi" 2> /dev/null));" \
       "running what needs none (tests skip their cases; PyTorch smoke test on the CPU)"
 fi
 command -v nvcc > /dev/null && nvcc --version | tail -n 2 | tee -a "$log"
-"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tee -a "$log"
+timeout -k 5 90 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tee -a "$log"
 command -v mpirun > /dev/null && mpirun --version 2>&1 | head -n 1 | tee -a "$log"
 say "bundle: $(head -n 1 "$bundle/MANIFEST" 2> /dev/null)"
 say "host: $(uname -r), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -122,7 +126,11 @@ for _ in 1 2 3; do  # a soname found may need others
                dlopened_missing) | sort -u)
   [[ -z $notfound ]] && break
   if [[ ! -d $work/lib-extra && -f $bundle/lib-extra.tar.xz ]]; then
-    mkdir -p "$work/lib-extra" && tar -C "$work/lib-extra" -xJf "$bundle/lib-extra.tar.xz"
+    mkdir -p "$work/lib-extra"
+    tar -C "$work/lib-extra" -xJf "$bundle/lib-extra.tar.xz" 2> /dev/null ||
+      "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        "$bundle/lib-extra.tar.xz" "$work/lib-extra" ||
+      say "cannot unpack $bundle/lib-extra.tar.xz"
   fi
   for so in $notfound; do
     src=""
@@ -173,6 +181,10 @@ record_script() {
   local name=$1 ranks=$2 rc=$3 tl=$4 start=$5 p f k=0 st=ok
   p=$(grep -m1 -oP '^\K[0-9]+(?= passed, [0-9]+ failed)' "$tl" || echo 0)
   f=$(grep -m1 -oP '^[0-9]+ passed, \K[0-9]+(?= failed)' "$tl" || echo 0)
+  if ! grep -qP '^[0-9]+ passed, [0-9]+ failed' "$tl"; then  # killed: the cases that ended
+    p=$(grep -c '^\[ OK \] ' "$tl")
+    f=$(grep -c '^\[FAIL\] ' "$tl")
+  fi
   ((rc == 77)) && { k=1; st=skipped; }
   ((rc != 0 && rc != 77)) && st="rc=$rc"
   ((rc == 124 || rc == 137)) && st=timeout
@@ -262,13 +274,41 @@ else
 fi
 
 section "NCCL with 2 ranks on one GPU (a host id per rank: test device only)"
+# The phase's entries, binary:ranks:seconds[:gtest filter[:tcp]] (an app test script as
+# NAME.py:ranks:seconds; the loop below says what each covers).
+hostid_specs="test_nccl_reducer:2:90 test_nccl_link:2:90 test_train_nccl_app.py:2:90
+  test_cuda_pipeline:2:150 test_cuda_pipeline:2:60:*EagerLimit*:tcp test_nccl_link:4:90
+  test_cuda_pipeline:4:150:*NcclLink* test_cuda_trainer:2:150"
+# hostid_name SPEC: the entry's row name in tests.tsv ("" where the bundle lacks it)
+hostid_name() {
+  local t n limit filter transport
+  IFS=: read -r t n limit filter transport <<< "$1"
+  if [[ $t == *.py ]]; then
+    [[ -f $repo/tests/apps/$t ]] || return 0
+    t=app_${t#test_}
+    echo "${t%_app.py}.hostid.np$n"
+  else
+    [[ -x $bundle/tests/$t ]] || return 0
+    echo "$t.hostid${transport:+-$transport}.np$n"
+  fi
+}
+# hostid_unrun STATUS: a row per entry that did not run, so that the summary counts it
+hostid_unrun() {
+  local spec name
+  set -f
+  for spec in $hostid_specs; do
+    name=$(hostid_name "$spec")
+    [[ -n $name ]] && printf '%s\t%s\t%s\t-\t-\t-\t-\n' "$name" "$(cut -d: -f2 <<< "$spec")" "$1" >> "$tests_tsv"
+  done
+  set +f
+}
 # NCCL refuses two ranks of one communicator on one GPU; with its own NCCL_HOSTID and the socket
 # transport each rank looks like another node (hostid_rank.sh). First PyTorch's NCCL without and
 # with the trick, then, where it works, locus's NCCL reducer, stage link and trainers through it.
 if [[ $skip == *" hostid "* ]]; then
   say "skipped (SKIP)"
 elif late; then
-  :
+  ((gpu)) && hostid_unrun deadline
 elif ((gpu)); then
   # A soft budget (HOSTID_BUDGET_S, default 240 s) as in the tests phase, from the probe on:
   # nothing starts after it, and each limit shrinks so that the phase ends within it + 30 s (at
@@ -281,6 +321,21 @@ elif ((gpu)); then
     --cases "$probe_cases" 2>&1 | tee -a "$log" | tee "$work/hostid.log"
   if grep -q '^nccl_hostid hostid ok' "$work/hostid.log"; then
     mkdir -p "$work/scratch"
+    # First (about 10 s; the entries below may spend the whole budget) the host's cost of
+    # enqueueing each NCCL call at 2 ranks (world size 1 takes a shortcut): the reducer's
+    # non-blocking communicator against a blocking one. The device times of this run are those
+    # of sockets between two processes on one GPU: not figures of a real link.
+    # SKIP="reducer" leaves it out (SKIP="reducer1" the 1-rank bench below only).
+    limit=$(clip "${REDUCER_TIMEOUT:-60}")
+    if [[ $skip == *" reducer "* ]]; then
+      say "locus_nccl_reducer_bench at 2 ranks (host ids): skipped (SKIP)"
+    elif [[ -x $bundle/bench/locus_nccl_reducer_bench ]]; then
+      (cd "$work/scratch" && run_mpi 2 "$limit" "$here/hostid_rank.sh" \
+         "$bundle/bench/locus_nccl_reducer_bench" --min-bytes 65536 --max-bytes 1048576 --iters 10) \
+        > "$work/nccl_reducer_hostid.txt" 2>&1 < /dev/null
+      say "locus_nccl_reducer_bench at 2 ranks (host ids): rc $?"
+      tee -a "$log" < "$work/nccl_reducer_hostid.txt"
+    fi
     # The NCCL reducer and stage link; locus-train over the NCCL reducer with a rank killed or
     # stopped in it (an app test script: NAME.py:ranks:seconds); the pipeline trainers over the
     # link (2 stages: NCCL link
@@ -292,19 +347,12 @@ elif ((gpu)); then
     # trainer over the NCCL reducer (run 1 passed its first 5 tests that way; dropped first).
     # Each entry: binary:ranks:seconds[:gtest filter[:tcp]] (HOSTID_TEST_TIMEOUT overrides the
     # seconds; tcp: Open MPI's ob1 over TCP on loopback instead of shared memory).
-    for spec in test_nccl_reducer:2:90 test_nccl_link:2:90 test_train_nccl_app.py:2:90 \
-                test_cuda_pipeline:2:150 'test_cuda_pipeline:2:60:*EagerLimit*:tcp' \
-                test_nccl_link:4:90 'test_cuda_pipeline:4:150:*NcclLink*' \
-                test_cuda_trainer:2:150; do
+    set -f  # the entries' gtest filters hold '*'
+    for spec in $hostid_specs; do
+      set +f
       IFS=: read -r t n limit filter transport <<< "$spec"
-      if [[ $t == *.py ]]; then
-        [[ -f $repo/tests/apps/$t ]] || continue
-        name=app_${t#test_}
-        name=${name%_app.py}.hostid.np$n
-      else
-        [[ -x $bundle/tests/$t ]] || continue
-        name=$t.hostid${transport:+-$transport}.np$n
-      fi
+      name=$(hostid_name "$spec")
+      [[ -n $name ]] || continue
       if ((SECONDS - t0 > hb || $(left) < 20)); then
         printf '%s\t%s\tnot run\t-\t-\t-\t-\n' "$name" "$n" >> "$tests_tsv"; continue
       fi
@@ -329,25 +377,11 @@ elif ((gpu)); then
          --gtest_color=no ${filter:+"--gtest_filter=$filter"}) > "$tl" 2>&1 < /dev/null
       record_gtest "$name" "$n" "$?" "$tl" "$s"
     done
-    # The host's cost of enqueueing each NCCL call at 2 ranks (world size 1 takes a shortcut):
-    # the reducer's non-blocking communicator against a blocking one. The device times of this
-    # run are those of sockets between two processes on one GPU: not figures of a real link.
-    # Within the phase's budget, as its tests (SKIP="reducer" leaves it out too).
-    limit=$((hb + 30 - (SECONDS - t0)))
-    ((limit > ${REDUCER_TIMEOUT:-60})) && limit=${REDUCER_TIMEOUT:-60}
-    limit=$(clip "$limit")
-    if [[ $skip == *" reducer "* ]] || ((SECONDS - t0 > hb || $(left) < 20)); then
-      say "locus_nccl_reducer_bench at 2 ranks (host ids): not run (SKIP, or the budget is spent)"
-    elif [[ -x $bundle/bench/locus_nccl_reducer_bench ]]; then
-      (cd "$work/scratch" && run_mpi 2 "$limit" "$here/hostid_rank.sh" \
-         "$bundle/bench/locus_nccl_reducer_bench" --min-bytes 65536 --max-bytes 1048576 --iters 10) \
-        > "$work/nccl_reducer_hostid.txt" 2>&1 < /dev/null
-      say "locus_nccl_reducer_bench at 2 ranks (host ids): rc $?"
-      tee -a "$log" < "$work/nccl_reducer_hostid.txt"
-    fi
+    set +f
   else
     say "the host-id probe did not succeed: the NCCL reducer, stage link and NCCL trainer" \
         "tests did NOT run (see the probe's lines above)"
+    hostid_unrun "probe failed"
   fi
 else
   say "no GPU: not run"
@@ -356,7 +390,7 @@ tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
 
 section "NCCL reducer (locus_nccl_reducer_bench, 1 rank)"
 reducer_table=$work/nccl_reducer_bench.txt
-if [[ $skip == *" reducer "* ]]; then
+if [[ $skip == *" reducer "* || $skip == *" reducer1 "* ]]; then
   say "skipped (SKIP)"
 elif [[ ! -x $bundle/bench/locus_nccl_reducer_bench ]]; then
   say "not in the bundle (a build without NCCL?)"
@@ -491,7 +525,9 @@ else
   fi
   timeout -k 10 "$(clip "${INFER_TIMEOUT:-150}")" "$py" "$here/infer_gpu_bench.py" --apps "$bundle/apps" \
     --work "$work/infer" "${infer_args[@]}" 2>&1 | tee -a "$log" | tee "$work/infer.log"
-  grep '^infer_gpu ' "$work/infer.log" > "$infer_line" || say "infer_gpu_bench.py gave no result line"
+  grep '^infer_gpu ' "$work/infer.log" > "$infer_line" ||
+    { say "infer_gpu_bench.py gave no result line"
+      echo "infer_gpu NO RESULT (see run.log: infer_gpu_bench.py's lines)" > "$infer_line"; }
   # The same file's features read stripe by stripe as locus-infer reads them: H5Dread, plain
   # pread, io::RowReader at 1-8 threads (this host's page-cache copy speed; no GPU involved).
   if [[ -x $bundle/bench/locus_row_read && -f $work/infer/infer-input.h5 ]] && (($(left) >= 20)); then
