@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "agreed_error.hpp"
 #include "locus/comm/error.hpp"
 #include "locus/comm/link.hpp"
 
@@ -87,16 +88,11 @@ TEST(NcclLinkChoice, RefusedWhereNcclCannotRunAndParsed) {
   const std::string why = comm::nccl_link_unusable_reason(world);
   if (!why.empty()) {
     constexpr int tags[] = {1, 2};
-    try {
-      comm::make_nccl_link(world, tags, comm::LinkOptions{});
-      ADD_FAILURE() << "expected a ConfigError";
-    } catch (const ConfigError& e) {
-      EXPECT_TRUE(e.agreed());
-      const std::string what = e.what();
-      EXPECT_NE(what.find("train.stage_link = nccl cannot be used: " + why), std::string::npos)
-          << what;
-      EXPECT_NE(what.find("Set train.stage_link = auto"), std::string::npos) << what;
-    }
+    const std::string what = test::agreed_error<ConfigError>(
+        [&] { comm::make_nccl_link(world, tags, comm::LinkOptions{}); });
+    EXPECT_NE(what.find("train.stage_link = nccl cannot be used: " + why), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("Set train.stage_link = auto"), std::string::npos) << what;
   }
   EXPECT_EQ(comm::parse_link_backend("auto"), comm::LinkBackend::automatic);
   EXPECT_EQ(comm::parse_link_backend("mpi"), comm::LinkBackend::mpi);
