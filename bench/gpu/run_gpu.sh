@@ -43,7 +43,7 @@ deadline=${DEADLINE_S:-570}
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$PWD  # run from the repository root: tests/apps/ are read from here
 bundle=$(cd "${1:?usage: bench/gpu/run_gpu.sh BUNDLE_DIR}" 2> /dev/null && pwd) ||
-  { echo "run_gpu.sh: no bundle at $1 (pack it with bench/common/make_gpu_bundle.sh and name it in the device call's carry)" >&2; exit 2; }
+  { echo "run_gpu.sh: no bundle at ${1-} (pack it with bench/common/make_gpu_bundle.sh and name it in the device call's carry)" >&2; exit 2; }
 [[ -f $bundle/bin.tar.xz || -d $bundle/apps ]] ||
   { echo "run_gpu.sh: $bundle holds neither bin.tar.xz nor apps/: not a bundle of make_gpu_bundle.sh" >&2; exit 2; }
 out=${OUT:-/tmp/gpu-run-out}

@@ -46,9 +46,9 @@ void abort_concurrently(const std::vector<ncclComm_t>& comms) noexcept {
     return;
   }
   std::vector<std::thread> threads;
-  threads.reserve(comms.size());
   std::size_t started = 0;
   try {
+    threads.reserve(comms.size());
     for (; started < comms.size(); ++started) {
       threads.emplace_back([c = comms[started]] { ncclCommAbort(c); });
     }
@@ -165,6 +165,7 @@ void NcclComm::abort_all() noexcept {
 }
 
 void NcclComm::issued(ncclResult_t rc, const char* call) {
+  if (nccl_ == nullptr) aborted_already(call);  // NCCL's "invalid argument" would say less
   if (rc == ncclInProgress) {
     await(call, [] { return true; });
   } else if (rc != ncclSuccess) {

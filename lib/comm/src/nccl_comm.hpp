@@ -15,7 +15,9 @@
 // transfer -- a stage link's send queued behind the compute stream, which waits for the other
 // channel's receive from a dead peer; a reducer's bucket behind a stage's receive. Aborted one
 // at a time, the first abort could wait forever for a kernel that only a later one would free.
-// A failed NCCL operation ends the job, so nothing is lost by ending them all.
+// What aborts: a timeout, an NCCL error, and any unclean close -- a link or reducer destroyed
+// while an exception unwinds or mid-step, whatever the error was. Each of those ends the job,
+// so nothing is lost by ending them all.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -102,7 +104,7 @@ class NcclComm {
   std::string role_;
   NcclTimeout timeout_;
   // While the communicator is made, waits give up after at least kSetupLimitS (nccl_comm.cpp).
-  static constexpr double kSetupLimitS = 120;
+  static constexpr double kSetupLimitS = 60;
   bool setting_up_ = false;
   ncclComm_t nccl_ = nullptr;
 };
