@@ -513,6 +513,46 @@ TEST_F(CudaTrainer, TimingANewGemmShapeSettlesWithThePeersFirst) {
   }
 }
 
+// The data wait the loader does not see: a batch not copied ahead (page-locked, 64 MiB, so
+// its copy is asynchronous and takes about a millisecond) leaves the compute stream waiting
+// for it, and input_wait_seconds() counts that wait once the step's LossStats are taken --
+// not before, and not again after.
+TEST_F(CudaTrainer, TheComputeStreamsWaitForABatchInFlightIsCounted) {
+  constexpr int kWidth = 4096, kRows = 4096;
+  ModelSpec spec;
+  spec.widths = {kWidth, 16, kClasses};
+  spec.seed = 7;
+  OptimizerOptions optimizer;
+  ComputeOptions c;
+  c.backend = "cuda";
+  TrainState state(spec, optimizer);
+  auto compute = make_compute(c, mpi::Comm::world(), state, Loss::softmax_cross_entropy);
+  const std::size_t floats = std::size_t{kRows} * kWidth;
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, floats * sizeof(float)), cudaSuccess);
+  for (std::size_t i = 0; i < floats; ++i) pinned[i] = static_cast<float>(i % 17) / 17.0f;
+  std::vector<std::int32_t> y(kRows);
+  for (int i = 0; i < kRows; ++i) y[static_cast<std::size_t>(i)] = i % kClasses;
+  const Batch b{std::span<const float>(pinned, floats), kRows, y, {}, {}, {}};
+  std::vector<LossStats> out;
+  compute->forward_backward(b, 0, kRows, {});  // the first step: buffers made, shapes chosen
+  compute->optimizer_step(0.01, 0.0);
+  compute->drain_stats(out);
+  const double before = compute->input_wait_seconds();
+  compute->forward_backward(b, 1, kRows, {});
+  compute->optimizer_step(0.01, 0.0);
+  EXPECT_EQ(compute->input_wait_seconds(), before) << "counted before the step's stats were taken";
+  compute->drain_stats(out);
+  const double waited = compute->input_wait_seconds() - before;
+  EXPECT_GT(waited, 0.0) << "the stream waited for a 64 MiB copy, and nothing was counted";
+  EXPECT_LT(waited, 1.0) << "a 64 MiB copy counted as " << waited << " s";
+  compute->drain_stats(out);
+  EXPECT_EQ(compute->input_wait_seconds() - before, waited) << "a wait counted twice";
+  EXPECT_EQ(out.size(), 2u);
+  compute.reset();
+  cudaFreeHost(pinned);
+}
+
 // The loss sums of more steps than the backend's pinned ring holds (4096, cuda_compute.cpp)
 // without a drain in between: the ring's are kept aside when it fills and none is lost --
 // every step's sums, in order, bitwise those of the same steps drained one by one.

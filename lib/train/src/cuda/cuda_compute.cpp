@@ -72,6 +72,7 @@ class CudaCompute final : public Compute {
   double last_grad_norm() override;
   double grad_squares() override;
   void drain_stats(std::vector<LossStats>& out) override;
+  double input_wait_seconds() const noexcept override { return input_wait_s_; }
   bool defers_step_values() const noexcept override { return true; }
   void gate_updates(bool on) override;
   void request_step_values() override;
@@ -133,6 +134,9 @@ class CudaCompute final : public Compute {
                  Issue&& issue);
   void store_stats(int rows);
   void take_pending_stats(std::vector<LossStats>& out);
+  // Adds the first `steps` timed input waits to input_wait_s_ (their events are complete) and
+  // keeps the rest, recorded for a step whose LossStats are not stored yet.
+  void take_input_waits(std::size_t steps);
 
   ComputeOptions options_;
   DeviceInfo device_;
@@ -177,6 +181,14 @@ class CudaCompute final : public Compute {
   std::vector<std::int64_t> pending_rows_;
   std::vector<LossStats> overflow_;
   Event stats_copied_;  // after the latest copy into stats_ring_
+  // The compute stream's wait for each step's inputs, between two timing events recorded
+  // around it (one pair a step not yet taken: at most kStatsRing + 1), and their sum so far.
+  struct InputWait {
+    Event begin, end;
+  };
+  std::vector<InputWait> input_waits_;
+  std::size_t input_waits_used_ = 0;
+  double input_wait_s_ = 0;
   std::function<void(void*)> settle_;  // before_host_waits()
   // The step values of request_step_values(): the reduced gradient's sum of squares (also the
   // update's gate when gate_ is on), its pinned host copy and the event that marks both.
@@ -387,6 +399,18 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
     LOCUS_ASSERT(b.x.empty() && b.resident_rows.size() == static_cast<std::size_t>(b.rows),
                  "a cached or mapped dataset's batches come as resident row indices");
     h2d(slot.resident_rows.data(), b.resident_rows.data(), b.resident_rows.size_bytes());
+  } else {
+    h2d(slot.x.data(), b.x.data(), b.x.size_bytes());
+  }
+  h2d(slot.labels.data(), b.labels.data(), b.labels.size_bytes());
+  if (state_.model.spec().dropout > 0.0f) {
+    h2d(slot.sample_ids.data(), b.sample_ids.data(), b.sample_ids.size_bytes());
+  }
+  if (loss_ == Loss::mse) h2d(slot.targets.data(), b.targets.data(), b.targets.size_bytes());
+  // The host batch is read by the copies above only: the loader may reuse it after them, while
+  // a gather from mapped host memory may still run.
+  LOCUS_CUDA_CHECK(cudaEventRecord(slot.uploaded.get(), s));
+  if (resident_batches()) {
     // Mapped: the rows straight from host memory, on the copy stream while the previous step
     // computes; a capped grid leaves the compute kernels most of the SMs.
     const int cap = std::max(8, device_.multiprocessors / 2);
@@ -397,14 +421,7 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
       gather_bf16_rows(mapped_bf16_, slot.resident_rows.data(), slot.x_bf16.data(), b.rows,
                        input_width(), s, cap);
     }
-  } else {
-    h2d(slot.x.data(), b.x.data(), b.x.size_bytes());
   }
-  h2d(slot.labels.data(), b.labels.data(), b.labels.size_bytes());
-  if (state_.model.spec().dropout > 0.0f) {
-    h2d(slot.sample_ids.data(), b.sample_ids.data(), b.sample_ids.size_bytes());
-  }
-  if (loss_ == Loss::mse) h2d(slot.targets.data(), b.targets.data(), b.targets.size_bytes());
   LOCUS_CUDA_CHECK(cudaEventRecord(slot.copied.get(), s));
 }
 
@@ -421,7 +438,7 @@ void CudaCompute::prefetch_inputs(const Batch& b) {
 void CudaCompute::drop_prefetched() {
   for (InputSlot& slot : slots_) {
     if (slot.prefetched == nullptr) continue;
-    LOCUS_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
+    LOCUS_CUDA_CHECK(cudaEventSynchronize(slot.uploaded.get()));
     slot.prefetched = nullptr;
     slot.prefetched_rows = -1;
   }
@@ -524,7 +541,19 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   if (slot.prefetched != identity(batch) || slot.prefetched_rows != rows) upload_inputs(batch, slot);
   slot.prefetched = nullptr;
   slot.prefetched_rows = -1;
+  // The wait for the inputs, timed on the device: how long the compute stream stalled there.
+  if (input_waits_used_ == input_waits_.size()) {
+    const auto timing_event = [] {
+      cudaEvent_t e = nullptr;
+      LOCUS_CUDA_CHECK(cudaEventCreate(&e));
+      return Event(e);
+    };
+    input_waits_.push_back(InputWait{timing_event(), timing_event()});
+  }
+  const InputWait& waited = input_waits_[input_waits_used_++];
+  LOCUS_CUDA_CHECK(cudaEventRecord(waited.begin.get(), compute_.get()));
   LOCUS_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot.copied.get(), 0));
+  LOCUS_CUDA_CHECK(cudaEventRecord(waited.end.get(), compute_.get()));
   if (rows == 0) {
     LOCUS_CUDA_CHECK(cudaMemsetAsync(dstate_.grads(), 0, dstate_.grads_bytes(), compute_.get()));
     LOCUS_CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, sizeof(DeviceLossStats), compute_.get()));
@@ -542,8 +571,9 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   if (on_grads_ready && !announced) {
     for (int l = layers() - 1; l >= 0; --l) on_grads_ready(l);
   }
-  // The loader may reuse the batch's host memory once we return.
-  LOCUS_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
+  // The loader may reuse the batch's host memory once we return (not waiting for a gather
+  // from mapped host memory, which reads the samples, not the batch).
+  LOCUS_CUDA_CHECK(cudaEventSynchronize(slot.uploaded.get()));
 }
 
 void CudaCompute::issue_update(bool clip) {
@@ -623,6 +653,7 @@ void CudaCompute::drain_stats(std::vector<LossStats>& out) {
 
 // The stats of the steps whose copies have completed (the caller waited for them).
 void CudaCompute::take_pending_stats(std::vector<LossStats>& out) {
+  take_input_waits(pending_rows_.size());
   out.insert(out.end(), overflow_.begin(), overflow_.end());
   overflow_.clear();
   for (std::size_t i = 0; i < pending_rows_.size(); ++i) {
@@ -630,6 +661,22 @@ void CudaCompute::take_pending_stats(std::vector<LossStats>& out) {
     out.push_back(LossStats{d.loss_sum, static_cast<std::int64_t>(d.correct), pending_rows_[i]});
   }
   pending_rows_.clear();
+}
+
+// Each step records its input wait before its LossStats: the waits of the steps stored so far
+// are complete wherever their stats are (the caller waited for those), a step's own may not be.
+void CudaCompute::take_input_waits(std::size_t steps) {
+  steps = std::min(steps, input_waits_used_);
+  for (std::size_t i = 0; i < steps; ++i) {
+    float ms = 0;
+    LOCUS_CUDA_CHECK(
+        cudaEventElapsedTime(&ms, input_waits_[i].begin.get(), input_waits_[i].end.get()));
+    input_wait_s_ += static_cast<double>(ms) * 1e-3;
+  }
+  const auto first = input_waits_.begin();
+  std::rotate(first, first + static_cast<std::ptrdiff_t>(steps),
+              first + static_cast<std::ptrdiff_t>(input_waits_used_));
+  input_waits_used_ -= steps;
 }
 
 LossStats CudaCompute::evaluate(const Batch& batch) {

@@ -15,6 +15,7 @@ InputSlot::InputSlot(int rows, int input_width, int output_width, bool targets_n
       labels(static_cast<std::size_t>(rows)),
       sample_ids(static_cast<std::size_t>(rows)),
       targets(targets_needed ? sz(rows, output_width) : 0),
+      uploaded(make_event()),
       copied(make_event()),
       consumed(make_event()) {}
 

@@ -31,7 +31,10 @@ struct InputSlot {
   DeviceBuffer<std::int32_t> labels;         // [rows]
   DeviceBuffer<std::uint64_t> sample_ids;    // [rows] (dropout)
   DeviceBuffer<float> targets;               // [rows, output width] (mse)
-  Event copied, consumed;
+  // uploaded: the host batch's bytes are on the device (the loader may reuse its memory);
+  // copied: the slot is complete (after a gather from mapped host memory too); consumed: the
+  // step that read it is done.
+  Event uploaded, copied, consumed;
   // The host batch whose inputs this slot holds or is receiving ahead of its step
   // (prefetch_inputs; null: none): its first host array and row count.
   const void* prefetched = nullptr;

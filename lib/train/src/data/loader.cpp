@@ -481,8 +481,20 @@ const LoadedBatch* Loader::Impl::next_threaded(std::chrono::steady_clock::time_p
       const std::int64_t step = consume_step++;
       held = buf;
       ++consumer_batches;
-      unlock_and_wake();
-      feeder->gather(epoch, step, *buf, false);  // memory only: nothing to fail but an allocation
+      // The producer, where it is to be woken, only after this gather: two gathers at once
+      // share the copy pool (one of them would copy alone, CopyPool::run), and this is the
+      // batch the caller waits for. (The producer, marked not idle, cannot be woken twice.)
+      const bool wake_after = wake;
+      if (wake_after) ++consumer_wakeups;
+      wake = false;
+      lk.unlock();
+      try {
+        feeder->gather(epoch, step, *buf, false);  // memory only: nothing to fail but an allocation
+      } catch (...) {
+        if (wake_after) cv.notify_all();
+        throw;
+      }
+      if (wake_after) cv.notify_all();
       return &buf->batch;
     }
     if (wake) {  // before sleeping: the producer may have to fill this very batch

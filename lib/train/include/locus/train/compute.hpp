@@ -97,6 +97,12 @@ class Compute {
   // out (waits for the device on a device backend).
   virtual void drain_stats(std::vector<LossStats>& out) = 0;
 
+  // Seconds the device's compute waited for training inputs in flight -- a batch's copy to the
+  // device, or its gather from mapped host memory -- over the steps whose LossStats were taken
+  // so far (drain_stats(), take_step_values()): the data wait the loader's next() does not see.
+  // 0 on a host backend, whose compute waits only in next().
+  virtual double input_wait_seconds() const noexcept { return 0.0; }
+
   // The anomaly detector's step values without a wait for the whole step (a device backend):
   // request_step_values() after the reduction enqueues grad_squares() and sends it and the
   // step's LossStats on their way to the host; gate_updates(true) makes optimizer_step() skip
