@@ -28,12 +28,24 @@ TEST(PipelineParts, StripesHoldWholeBatchesAndAtMostAUnit) {
 
 TEST(PipelineParts, AutomaticReadThreads) {
   using locus::infer::detail::auto_read_threads;
-  EXPECT_EQ(auto_read_threads(false, 16, 1), 1);  // cpu: the cores are for the forward passes
-  EXPECT_EQ(auto_read_threads(true, 16, 1), 8);   // at most 8
-  EXPECT_EQ(auto_read_threads(true, 8, 1), 6);    // less the compute and main threads
-  EXPECT_EQ(auto_read_threads(true, 16, 4), 2);   // the node's cores shared among its ranks
-  EXPECT_EQ(auto_read_threads(true, 2, 1), 1);    // at least 1
-  EXPECT_EQ(auto_read_threads(true, 16, 0), 8);
+  EXPECT_EQ(auto_read_threads(false, 16), 1);  // cpu: the cores are for the forward passes
+  EXPECT_EQ(auto_read_threads(true, 16), 8);   // at most 8
+  EXPECT_EQ(auto_read_threads(true, 8), 6);    // less the compute and main threads
+  EXPECT_EQ(auto_read_threads(true, 4), 2);
+  EXPECT_EQ(auto_read_threads(true, 2), 1);    // at least 1
+  EXPECT_EQ(auto_read_threads(true, 0), 1);
+}
+
+// A rank's cpus: its share of the node's, counted once whether or not the ranks are bound.
+TEST(PipelineParts, CpuShareDividesTheNodesCpusOnce) {
+  using locus::infer::detail::cpu_share;
+  EXPECT_EQ(cpu_share(16, 16, 4), 4);  // unbound: each sees the whole node
+  EXPECT_EQ(cpu_share(4, 16, 4), 4);   // srun -c4: each bound to its own 4 (not 4 / 4)
+  EXPECT_EQ(cpu_share(8, 16, 4), 4);   // bound by socket, two ranks a socket
+  EXPECT_EQ(cpu_share(1, 2, 2), 1);    // one core each
+  EXPECT_EQ(cpu_share(16, 16, 1), 16);
+  EXPECT_EQ(cpu_share(2, 2, 4), 1);    // oversubscribed: at least 1
+  EXPECT_EQ(cpu_share(16, 16, 0), 16);
 }
 
 TEST(PipelineParts, HugePageBuffersAreAlignedAndUsable) {

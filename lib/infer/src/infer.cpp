@@ -80,12 +80,17 @@ OutputKind resolve_kind(const std::string& outputs, train::Loss loss) {
 int resolve_read_threads(const mpi::Comm& comm, const InferOptions& o, bool cuda) {
   // o and cuda are the same on every rank: either all ranks split the communicator or none.
   if (o.read_threads > 0) return o.read_threads;
-  if (!cuda) return detail::auto_read_threads(false, 0, 0);
+  if (!cuda) return detail::auto_read_threads(false, 0);
   const comm::Topology topo(comm);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  return detail::auto_read_threads(cuda, cpus, topo.node().size());
+  cpu_set_t mine, all;
+  CPU_ZERO(&mine);
+  CPU_ZERO(&all);
+  if (::sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_SET(0, &mine);
+  // The node's ranks' masks together: bound ranks see only their own cpus, unbound ones all.
+  LOCUS_MPI_CHECK(MPI_Allreduce(&mine, &all, sizeof(cpu_set_t), MPI_BYTE, MPI_BOR,
+                                topo.node().get()));
+  return detail::auto_read_threads(
+      cuda, detail::cpu_share(CPU_COUNT(&mine), CPU_COUNT(&all), topo.node().size()));
 }
 
 // Everything both kinds of run share once the options, model and input are validated.

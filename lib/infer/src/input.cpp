@@ -129,9 +129,13 @@ void LocalInput::read_labels(std::uint64_t first_row, std::span<std::int32_t> y)
                          H5P_DEFAULT, y.data()));
 }
 
-int auto_read_threads(bool cuda, int cpus, int ranks_on_node) {
+int auto_read_threads(bool cuda, int rank_cpus) {
   if (!cuda) return 1;
-  return std::clamp(cpus / std::max(ranks_on_node, 1) - 2, 1, 8);
+  return std::clamp(rank_cpus - 2, 1, 8);
+}
+
+int cpu_share(int own, int node_union, int ranks_on_node) {
+  return std::max(std::min(own, node_union / std::max(ranks_on_node, 1)), 1);
 }
 
 std::string model_fingerprint(const train::Mlp& model) {

@@ -51,10 +51,14 @@ class LocalInput {
 };
 
 // infer.read_threads = 0: 1 on the cpu (the forward passes are the bound and need the cores);
-// on cuda, where reading is the bound, the cpus this rank may run on shared among the node's
-// ranks, less two (the rank's compute and main threads), between 1 and 8 (a few threads
-// already copy out of the page cache at the memory's speed).
-int auto_read_threads(bool cuda, int cpus, int ranks_on_node);
+// on cuda, where reading is the bound, the rank's cpus (cpu_share) less two (the rank's compute
+// and main threads), between 1 and 8 (a few threads already copy out of the page cache at the
+// memory's speed).
+int auto_read_threads(bool cuda, int rank_cpus);
+// The cpus a rank may count as its own: those it may run on (its affinity mask), and no more
+// than its share of all the node's ranks may run on (the union of their masks): unbound ranks
+// each see the whole node, bound ones only their own cpus -- divided once either way.
+int cpu_share(int own, int node_union, int ranks_on_node);
 
 // A short stable hash (hex) of the model's widths, activation and parameters: an incremental
 // run refuses to extend predictions made by another model.
