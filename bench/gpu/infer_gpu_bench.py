@@ -125,7 +125,7 @@ def tail(text, n=20):
     return "\n".join(text.strip().splitlines()[-n:])
 
 
-def run_locus(apps, model, data, out, batch, device, ranks=1, extra=(), timeout=90):
+def run_locus(apps, model, data, out, batch, device, ranks=1, extra=(), timeout=45):
     """(wall, report, stdout), or None after printing 'infer_gpu FAILED ...' (a failed or hung
     run must not cost the other side's figures)."""
     launch = [] if ranks == 1 else ["mpirun", "--allow-run-as-root", "--oversubscribe",
@@ -134,9 +134,12 @@ def run_locus(apps, model, data, out, batch, device, ranks=1, extra=(), timeout=
            f"--infer.output={out}", f"--infer.backend={device}", f"--infer.batch_rows={batch}",
            f"--infer.top_k={TOP_K}", "--overwrite", *extra]
     env = dict(os.environ, OMPI_MCA_ess_singleton_isolated="1")
+    # timeout(1) ends a hung run with SIGTERM, which mpirun hands to its ranks (a SIGKILL of
+    # mpirun alone could leave them holding the GPU); the Python limit is the backstop.
+    cmd = ["timeout", "-k", "5", str(timeout), *cmd]
     t = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 15)
     except subprocess.TimeoutExpired as e:
         out_text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         print(f"infer_gpu FAILED locus-infer ({ranks} rank(s)): no end within {timeout} s\n{tail(out_text)}")
@@ -145,6 +148,10 @@ def run_locus(apps, model, data, out, batch, device, ranks=1, extra=(), timeout=
         print(f"infer_gpu FAILED locus-infer ({ranks} rank(s)): {e}")
         return None
     wall = time.perf_counter() - t
+    if p.returncode in (124, 137):
+        print(f"infer_gpu FAILED locus-infer ({ranks} rank(s)): no end within {timeout} s\n"
+              f"{tail(p.stdout)}\n{tail(p.stderr)}")
+        return None
     if p.returncode != 0:
         print(f"infer_gpu FAILED locus-infer ({ranks} rank(s)): rc {p.returncode}\n"
               f"{tail(p.stdout)}\n{tail(p.stderr)}")
@@ -286,7 +293,7 @@ def main():
                 h5py.File(os.path.join(a.work, "torch-out.h5"), "r") as f2:
             dp = float(np.abs(f1["scores"][:n] - f2["scores"][:n]).max())
             agree = float(np.mean(f1["predicted"][:n] == f2["predicted"][:n]))
-    except (OSError, KeyError) as e:
+    except (OSError, KeyError, ValueError) as e:
         print(f"infer_gpu FAILED comparing the outputs: {e!r}")
     print(f"locus vs PyTorch on the first {n} rows: max |p| difference {dp:.2e}, argmax agreement {agree:.5f}")
     lr, tr = a.rows / res["locus"]["s"], a.rows / res["torch"]["s"]

@@ -56,8 +56,9 @@ Mark Trainer::Impl::mark() const {
   const comm::ReduceTimes& t = reduce_stats().total;
   // Data wait: the loader's (the host waiting in next()) and the device's (its compute waiting
   // for a batch's copy or gather, over the steps drained so far).
+  const double loader_wait = loader ? loader->wait_seconds() : 0.0;
   return Mark{Clock::now(), state.step, t.comm_s, t.blocked_s,
-              (loader ? loader->wait_seconds() : 0.0) + compute->input_wait_seconds()};
+              loader_wait + compute->input_wait_seconds(), loader_wait};
 }
 
 bool Trainer::Impl::step(const LoadedBatch& b) {

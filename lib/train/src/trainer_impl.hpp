@@ -32,7 +32,9 @@ inline void add(Sums& s, const LossStats& st) {
 struct Mark {
   Clock::time_point time;
   std::int64_t step = 0;
-  double comm_s = 0, blocked_s = 0, wait_s = 0;
+  // wait_s: data wait, the loader's and the device's (counted when steps are drained);
+  // loader_wait_s: the loader's alone, known at once (the straggler detector's per-step split).
+  double comm_s = 0, blocked_s = 0, wait_s = 0, loader_wait_s = 0;
 };
 
 // The time from a to b.

@@ -551,21 +551,28 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
     input_waits_.push_back(InputWait{timing_event(), timing_event()});
   }
   const InputWait& waited = input_waits_[input_waits_used_++];
-  LOCUS_CUDA_CHECK(cudaEventRecord(waited.begin.get(), compute_.get()));
-  LOCUS_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot.copied.get(), 0));
-  LOCUS_CUDA_CHECK(cudaEventRecord(waited.end.get(), compute_.get()));
-  if (rows == 0) {
-    LOCUS_CUDA_CHECK(cudaMemsetAsync(dstate_.grads(), 0, dstate_.grads_bytes(), compute_.get()));
-    LOCUS_CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, sizeof(DeviceLossStats), compute_.get()));
-  } else if (!options_.graphs) {  // eager: each layer announced as its work is enqueued
-    issue_pass(*train_ws_, slot, rows, true, &on_grads_ready);
-    announced = true;
-  } else {
-    run_graph(pass_graphs_, (static_cast<std::uint64_t>(rows) << 1) | parity,
-              [&] { issue_pass(*train_ws_, slot, rows, true); });
+  try {  // a step that fails leaves no pair behind: each pair belongs to a step's LossStats
+    LOCUS_CUDA_CHECK(cudaEventRecord(waited.begin.get(), compute_.get()));
+    LOCUS_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot.copied.get(), 0));
+    LOCUS_CUDA_CHECK(cudaEventRecord(waited.end.get(), compute_.get()));
+    if (rows == 0) {
+      LOCUS_CUDA_CHECK(
+          cudaMemsetAsync(dstate_.grads(), 0, dstate_.grads_bytes(), compute_.get()));
+      LOCUS_CUDA_CHECK(
+          cudaMemsetAsync(stats_.data(), 0, sizeof(DeviceLossStats), compute_.get()));
+    } else if (!options_.graphs) {  // eager: each layer announced as its work is enqueued
+      issue_pass(*train_ws_, slot, rows, true, &on_grads_ready);
+      announced = true;
+    } else {
+      run_graph(pass_graphs_, (static_cast<std::uint64_t>(rows) << 1) | parity,
+                [&] { issue_pass(*train_ws_, slot, rows, true); });
+    }
+    LOCUS_CUDA_CHECK(cudaEventRecord(slot.consumed.get(), compute_.get()));
+    store_stats(rows);  // its stats pushed last: nothing after that can fail in it
+  } catch (...) {
+    --input_waits_used_;
+    throw;
   }
-  LOCUS_CUDA_CHECK(cudaEventRecord(slot.consumed.get(), compute_.get()));
-  store_stats(rows);
   // The gradients' work is enqueued: announce every layer (a reducer orders itself after it
   // on grads().stream). Inside a graph the layers cannot be announced one by one.
   if (on_grads_ready && !announced) {

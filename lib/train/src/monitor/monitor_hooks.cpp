@@ -68,7 +68,8 @@ void Trainer::Impl::time_step(const detail::Mark& before, double agree_before) {
   if (!opts.straggler.enabled()) return;
   const detail::Mark after = mark();
   const double step_s = std::chrono::duration<double>(after.time - before.time).count();
-  const double data = std::max(0.0, after.wait_s - before.wait_s);
+  // The loader's wait: the device's is known only when steps are drained, not per step.
+  const double data = std::max(0.0, after.loader_wait_s - before.loader_wait_s);
   const double reduce =
       std::max(0.0, after.blocked_s - before.blocked_s) + (monitors.agree_s - agree_before);
   const double pipe = pipeline != nullptr ? pipeline->stage().last_step().wait_s : 0.0;
