@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -90,6 +91,62 @@ class NcclLink : public ::testing::Test {
   }
   GradientBuffer view(const DeviceBuffer& b) const {
     return {b.data, b.size, MemorySpace::cuda, stream_};
+  }
+  // Skips (true) where NCCL cannot join the world's ranks into a link -- a failure instead
+  // under LOCUS_REQUIRE_NCCL=1 -- or where there is no second rank.
+  static bool no_nccl_link(const mpi::Comm& world) {
+    const auto skip = [](const char* why) { GTEST_SKIP() << why; };  // GTEST_SKIP returns
+    if (world.size() < 2) {
+      skip("a stage link needs 2 ranks or more");
+      return true;
+    }
+    if (const std::string why = nccl_link_unusable_reason(world); !why.empty()) {
+      if (test::nccl_required()) {
+        ADD_FAILURE() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
+        return true;
+      }
+      skip("NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)");
+      return true;
+    }
+    return false;
+  }
+  // `b` from rank `from` to rank `to` under `tag`, waited for and drained on every rank.
+  void exchange(StageLink& link, const DeviceBuffer& b, int from, int to, int tag) const {
+    const int r = mpi::Comm::world().rank();
+    LinkRequest q;
+    if (r == from) link.send(view(b), to, tag, q);
+    if (r == to) link.recv(view(b), from, tag, q);
+    link.wait(q);
+    link.drain();
+  }
+  // Rank 0 gives up on transfers rank 1 never joins: once `warm` (every rank) has made the
+  // pairs' connections, rank 0 enqueues `stick`, and its drain() must end in the stage link's
+  // NcclError within the 3 s timeout plus the polling tick, the link then going at once
+  // (test::expect_gave_up_in_time). Rank 1, told over MPI, leaves its link by unwinding as a
+  // rank does on an error, which aborts too. The aborted kernels end: the device stays usable.
+  void expect_rank0_gives_up(const std::function<void(StageLink&)>& warm,
+                             const std::function<void(StageLink&)>& stick) const {
+    struct Unwind {};
+    const mpi::Comm world = mpi::Comm::world();
+    LinkOptions o;
+    o.timeout_s = 3;
+    test::GaveUp gave_up;
+    try {
+      auto link = make_nccl_link(world, kTags, o);
+      warm(*link);
+      if (world.rank() == 0) {
+        stick(*link);
+        gave_up = test::give_up([&] { link->drain(); }, [&] { link.reset(); });
+      }
+      world.barrier();  // the peers keep their links until rank 0 has given up
+      if (world.rank() != 0) throw Unwind{};
+    } catch (const Unwind&) {
+    }
+    if (world.rank() == 0) {
+      test::expect_gave_up_in_time(gave_up, "a pipeline transfer (stage link)");
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the aborted transfers' kernels must end";
+    world.barrier();
   }
   cudaStream_t stream_ = nullptr;
 };
@@ -203,43 +260,17 @@ TEST_F(NcclLink, PipelinePassesBothWaysInOrder) {
 }
 
 // A transfer whose peer never takes part (rank 1 stops after the first, which made the pair's
-// connection): rank 0's drain() ends in an NcclError naming the stage link and its timeout
-// within that timeout plus the polling tick, having aborted the link's channels (the stuck
-// kernel ends: the device stays usable), and the link then goes at once. Rank 1, told over MPI,
-// leaves its link by unwinding as a rank does on an error, which aborts too. 32 MiB: more than
+// connection): rank 0 gives up within the timeout (expect_rank0_gives_up). 32 MiB: more than
 // NCCL buffers on a connection, so the send cannot finish without its receiver.
-struct Unwind {};
 TEST_F(NcclLink, AStuckTransferEndsInAnNcclErrorWithinTheTimeout) {
-  const mpi::Comm world = mpi::Comm::world();
-  if (world.size() < 2) GTEST_SKIP() << "a stage link needs 2 ranks or more";
-  if (const std::string why = nccl_link_unusable_reason(world); !why.empty()) {
-    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
-    GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
-  }
-  const int r = world.rank();
-  LinkOptions o;
-  o.timeout_s = 3;
+  if (no_nccl_link(mpi::Comm::world())) return;
   const DeviceBuffer small(16), big(std::size_t{8} << 20);
-  test::GaveUp gave_up;
-  try {
-    auto link = make_nccl_link(world, kTags, o);
-    LinkRequest q;
-    if (r == 0) link->send(view(small), 1, kUp, q);
-    if (r == 1) link->recv(view(small), 0, kUp, q);
-    link->wait(q);
-    link->drain();
-    if (r == 0) {
-      link->send(view(big), 1, kUp, q);
-      link->wait(q);
-      gave_up = test::give_up([&] { link->drain(); }, [&] { link.reset(); });
-    }
-    world.barrier();  // the peers keep their links until rank 0 has given up
-    if (r != 0) throw Unwind{};
-  } catch (const Unwind&) {
-  }
-  if (r == 0) test::expect_gave_up_in_time(gave_up, "a pipeline transfer (stage link)");
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the aborted transfer's kernel must end";
-  world.barrier();
+  expect_rank0_gives_up([&](StageLink& link) { exchange(link, small, 0, 1, kUp); },
+                        [&](StageLink& link) {
+                          LinkRequest q;
+                          link.send(view(big), 1, kUp, q);
+                          link.wait(q);
+                        });
 }
 
 // A stuck receive that the other channel's send waits behind: rank 0's stream waits for a
@@ -248,54 +279,27 @@ TEST_F(NcclLink, AStuckTransferEndsInAnNcclErrorWithinTheTimeout) {
 // counts the time), its abort would wait forever for its kernel, which waits behind the other
 // channel's receive. The same bounds as above (both directions' connections made first).
 TEST_F(NcclLink, AStuckReceiveThatASendWaitsBehindIsAbortedWithIt) {
-  const mpi::Comm world = mpi::Comm::world();
-  if (world.size() < 2) GTEST_SKIP() << "a stage link needs 2 ranks or more";
-  if (const std::string why = nccl_link_unusable_reason(world); !why.empty()) {
-    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
-    GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
-  }
-  const int r = world.rank();
-  LinkOptions o;
-  o.timeout_s = 3;
+  if (no_nccl_link(mpi::Comm::world())) return;
   const DeviceBuffer small(16), big(std::size_t{8} << 20);
-  test::GaveUp gave_up;
-  try {
-    auto link = make_nccl_link(world, kTags, o);
-    LinkRequest q;
-    if (r == 0) link->send(view(small), 1, kUp, q);
-    if (r == 1) link->recv(view(small), 0, kUp, q);
-    link->wait(q);
-    link->drain();
-    if (r == 1) link->send(view(small), 0, kDown, q);
-    if (r == 0) link->recv(view(small), 1, kDown, q);
-    link->wait(q);
-    link->drain();
-    if (r == 0) {
-      LinkRequest in, out;
-      link->recv(view(small), 1, kDown, in);
-      link->wait(in);                       // the stream waits for a receive that never comes
-      link->send(view(big), 1, kUp, out);   // the up channel waits for the stream: behind it
-      link->wait(out);
-      gave_up = test::give_up([&] { link->drain(); }, [&] { link.reset(); });
-    }
-    world.barrier();  // the peers keep their links until rank 0 has given up
-    if (r != 0) throw Unwind{};
-  } catch (const Unwind&) {
-  }
-  if (r == 0) test::expect_gave_up_in_time(gave_up, "a pipeline transfer (stage link)");
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "both aborted transfers' kernels must end";
-  world.barrier();
+  expect_rank0_gives_up(
+      [&](StageLink& link) {
+        exchange(link, small, 0, 1, kUp);
+        exchange(link, small, 1, 0, kDown);
+      },
+      [&](StageLink& link) {
+        LinkRequest in, out;
+        link.recv(view(small), 1, kDown, in);
+        link.wait(in);                      // the stream waits for a receive that never comes
+        link.send(view(big), 1, kUp, out);  // the up channel waits for the stream: behind it
+        link.wait(out);
+      });
 }
 
 // CUDA_DEVICE_MAX_CONNECTIONS=1 (or NCCL_LAUNCH_ORDER_IMPLICIT) would put both channels'
 // kernels in one queue, where 1F1B can deadlock: the link is refused, naming the setting.
 TEST_F(NcclLink, RefusesSettingsThatSerializeItsChannels) {
   const mpi::Comm world = mpi::Comm::world();
-  if (world.size() < 2) GTEST_SKIP() << "a stage link needs 2 ranks or more";
-  if (const std::string why = nccl_link_unusable_reason(world); !why.empty()) {
-    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
-    GTEST_SKIP() << "NCCL cannot join these ranks (PipelinePassesBothWaysInOrder checks why)";
-  }
+  if (no_nccl_link(world)) return;
   for (const auto& [key, value] : {std::pair{"CUDA_DEVICE_MAX_CONNECTIONS", "1"},
                                    std::pair{"NCCL_LAUNCH_ORDER_IMPLICIT", "1"}}) {
     const bool mine = world.rank() == world.size() - 1;  // one rank's setting refuses them all
