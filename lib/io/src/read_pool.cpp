@@ -38,17 +38,25 @@ void pread_all(int fd, std::byte* dst, std::uint64_t bytes, std::uint64_t offset
 
 ReadPool::ReadPool(int threads) {
   const int n = std::max(threads, 1);
-  workers_.reserve(static_cast<std::size_t>(n - 1));
-  for (int i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
+  try {
+    workers_.reserve(static_cast<std::size_t>(n - 1));
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
+  } catch (...) {  // no thread to be had: those started are joined (no destructor runs)
+    stop();
+    throw;
+  }
 }
 
-ReadPool::~ReadPool() {
+ReadPool::~ReadPool() { stop(); }
+
+void ReadPool::stop() noexcept {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
   for (std::thread& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ReadPool::begin(int fd, const std::string& path) {

@@ -48,6 +48,7 @@ class ReadPool {
     std::uint64_t bytes = 0;
   };
   void work();
+  void stop() noexcept;  // ends and joins the threads
   // Reads piece i (taken under the lock), then counts it done.
   void read_piece(std::unique_lock<std::mutex>& lock, std::size_t i);
 

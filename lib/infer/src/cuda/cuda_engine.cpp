@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <optional>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/memory.hpp"
 #include "cuda/score_kernels.hpp"
+#include "locus/comm/mpi.hpp"
 #include "locus/train/cuda/device_model.hpp"
 
 namespace locus::infer::detail {
@@ -38,7 +40,15 @@ std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m;
 
 class PinnedRing final : public Engine::Attachment {
  public:
-  PinnedRing(void* p, std::size_t bytes) : registration_(p, bytes) {}
+  PinnedRing(void* p, std::size_t bytes) : registration_(p, bytes) {
+    if (registration_.refused() != cudaSuccess) {  // slower, not wrong: say so, go on
+      fmt::print(stderr,
+                 "[rank {}] note: the read ring ({:.0f} MiB) could not be page-locked ({}): "
+                 "its copies to the GPU go through pageable memory, slower\n",
+                 mpi::world_rank(), static_cast<double>(bytes) / (1 << 20),
+                 cudaGetErrorString(registration_.refused()));
+    }
+  }
 
  private:
   tc::HostRegistration registration_;

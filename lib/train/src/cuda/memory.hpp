@@ -23,16 +23,20 @@ class HostRegistration {
  public:
   HostRegistration() = default;
   HostRegistration(void* p, std::size_t bytes) {
-    if (p != nullptr && bytes > 0 &&
-        cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess) {
+    if (p == nullptr || bytes == 0) return;
+    refused_ = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (refused_ == cudaSuccess) {
       p_ = p;
     } else {
       cudaGetLastError();  // not sticky; clear it so the next check reports its own
     }
   }
+  // Why the range stays pageable (cudaSuccess: it is page-locked, or there was none).
+  cudaError_t refused() const noexcept { return refused_; }
   HostRegistration(const HostRegistration&) = delete;
   HostRegistration& operator=(const HostRegistration&) = delete;
-  HostRegistration(HostRegistration&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  HostRegistration(HostRegistration&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), refused_(o.refused_) {}
   HostRegistration& operator=(HostRegistration&&) = delete;
   ~HostRegistration() {
     if (p_ != nullptr) cudaHostUnregister(p_);
@@ -40,6 +44,7 @@ class HostRegistration {
 
  private:
   void* p_ = nullptr;
+  cudaError_t refused_ = cudaSuccess;
 };
 
 struct StreamTraits {
