@@ -72,12 +72,6 @@ std::vector<int> parse_ints(const std::string& text, const char* option) {
   return out;
 }
 
-Event make_timing_event() {
-  cudaEvent_t e = nullptr;
-  LOCUS_CUDA_CHECK(cudaEventCreate(&e));
-  return Event(e);
-}
-
 // enqueue's work on stream s, captured once as a graph.
 template <class F>
 GraphExec capture(cudaStream_t s, F&& enqueue) {

@@ -543,12 +543,7 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   slot.prefetched_rows = -1;
   // The wait for the inputs, timed on the device: how long the compute stream stalled there.
   if (input_waits_used_ == input_waits_.size()) {
-    const auto timing_event = [] {
-      cudaEvent_t e = nullptr;
-      LOCUS_CUDA_CHECK(cudaEventCreate(&e));
-      return Event(e);
-    };
-    input_waits_.push_back(InputWait{timing_event(), timing_event()});
+    input_waits_.push_back(InputWait{make_timing_event(), make_timing_event()});
   }
   const InputWait& waited = input_waits_[input_waits_used_++];
   try {  // a step that fails leaves no pair behind: each pair belongs to a step's LossStats

@@ -208,20 +208,16 @@ std::vector<double> Matmul::time_candidates(Plan& p, const void* a, const void* 
     // pending it would fail the next kernel's check (cudaPeekAtLastError).
     if (!usable[i]) (void)cudaGetLastError();
   }
-  std::array<cudaEvent_t, 2> ev{};
-  LOCUS_CUDA_CHECK(cudaEventCreate(&ev[0]));
-  const cudaError_t made = cudaEventCreate(&ev[1]);
-  if (made != cudaSuccess) cudaEventDestroy(ev[0]);
-  LOCUS_CUDA_CHECK(made);
+  const Event begin = make_timing_event(), end = make_timing_event();
   for (int round = 0; round < kTimedRuns; ++round) {
     for (std::size_t i = 0; i < p.candidates.size(); ++i) {
       if (!usable[i]) continue;
       float t = 0;
-      usable[i] = cudaEventRecord(ev[0], stream) == cudaSuccess &&
+      usable[i] = cudaEventRecord(begin.get(), stream) == cudaSuccess &&
                   launch(p.candidates[i]) == CUBLAS_STATUS_SUCCESS &&
-                  cudaEventRecord(ev[1], stream) == cudaSuccess &&
-                  cudaEventSynchronize(ev[1]) == cudaSuccess &&
-                  cudaEventElapsedTime(&t, ev[0], ev[1]) == cudaSuccess;
+                  cudaEventRecord(end.get(), stream) == cudaSuccess &&
+                  cudaEventSynchronize(end.get()) == cudaSuccess &&
+                  cudaEventElapsedTime(&t, begin.get(), end.get()) == cudaSuccess;
       if (!usable[i]) {
         (void)cudaGetLastError();  // a refused launch is not the stream's error
         ms[i] = kRefused;
@@ -230,8 +226,6 @@ std::vector<double> Matmul::time_candidates(Plan& p, const void* a, const void* 
       }
     }
   }
-  cudaEventDestroy(ev[0]);
-  cudaEventDestroy(ev[1]);
   return ms;
 }
 

@@ -83,6 +83,12 @@ inline Event make_event() {
   LOCUS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   return Event(e);
 }
+// With timing, for cudaEventElapsedTime between two of them.
+inline Event make_timing_event() {
+  cudaEvent_t e = nullptr;
+  LOCUS_CUDA_CHECK(cudaEventCreate(&e));
+  return Event(e);
+}
 
 // count elements of T on the device (cudaMalloc: 256-byte aligned), or in page-locked host
 // memory (cudaHostAlloc with kHostFlags), which asynchronous copies need to overlap with
