@@ -72,9 +72,17 @@ bool Trainer::Impl::step(const LoadedBatch& b) {
   comm::progress("forward and backward of step {}", state.step + 1);
   compute->forward_backward(batch_of(b), static_cast<std::uint64_t>(state.step),
                             static_cast<double>(b.global_rows), on_grads_ready);
-  // A device copies the next batch in while this step computes, when the loader has it.
+  // A device copies the next batch in while this step computes, when the loader has it; in
+  // the epoch's last step, the next epoch's first (so no epoch starts with a wait for its copy).
   if (prefetch) {
-    if (const LoadedBatch* ahead = loader->peek()) compute->prefetch_inputs(batch_of(*ahead));
+    if (const LoadedBatch* ahead = loader->peek()) {
+      compute->prefetch_inputs(batch_of(*ahead));
+    } else if (state.step_in_epoch + 1 == steps_per_epoch && state.step + 1 < planned_steps) {
+      if (const LoadedBatch* first = loader->peek_next_epoch()) {
+        compute->prefetch_inputs(batch_of(*first));
+        prefetched_epoch = state.epoch + 1;
+      }
+    }
   }
   comm::progress("gradient all-reduce of step {}", state.step + 1);
   test_hook("train-before-allreduce");  // a rank dies or stalls as its peers wait in it
@@ -179,7 +187,18 @@ void Trainer::Impl::close_interval(TrainObserver& obs) {
   progress.interval_start = mark();
 }
 
+// Forgets a batch copied ahead across an epoch's end, unless the loader is about to hand it out
+// (start_epoch(epoch, 0) keeps that memory); any other start_epoch() may reuse it at once.
+void Trainer::Impl::drop_prefetched_epoch(bool keep_for_next) {
+  if (prefetched_epoch < 0) return;
+  if (!keep_for_next || prefetched_epoch != state.epoch || state.step_in_epoch != 0) {
+    compute->drop_prefetched();
+  }
+  prefetched_epoch = -1;
+}
+
 void Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs) {
+  drop_prefetched_epoch(true);
   if (loader) loader->start_epoch(state.epoch, state.step_in_epoch);
   while (state.step_in_epoch < steps_per_epoch && state.step < limit) {
     const Mark before = opts.straggler.enabled() ? mark() : Mark{};
@@ -203,9 +222,13 @@ void Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObs
     const bool ends_epoch = state.step_in_epoch == steps_per_epoch || state.step == planned_steps;
     if (!ends_epoch && boundary(run, false)) break;
   }
-  // The loader may reuse a prefetched batch's memory after this (start_epoch()). On an
-  // exception the backend's destructor waits for its copies before the loader frees them.
-  compute->drop_prefetched();
+  // The loader may reuse a prefetched batch's memory after this (start_epoch()), except the
+  // next epoch's first batch after a whole epoch (drop_prefetched_epoch()). On an exception the
+  // backend's destructor waits for its copies before the loader frees them.
+  if (prefetched_epoch < 0 || state.step_in_epoch != steps_per_epoch) {
+    compute->drop_prefetched();
+    prefetched_epoch = -1;
+  }
   collect();
 }
 
@@ -296,6 +319,7 @@ TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
     m.end_epoch(run, obs);
     m.boundary(run, epoch_done);
   }
+  m.drop_prefetched_epoch(false);  // the next call (or a restore) may start anywhere
   m.end_progress();
   m.settle();  // the copy waits for the last step's all-reduce: watch the peers meanwhile
   m.compute->sync_to_host();

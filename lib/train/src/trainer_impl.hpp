@@ -105,6 +105,7 @@ struct Trainer::Impl {
   void close_interval(TrainObserver& obs);
   // Trains state.epoch from state.step_in_epoch to its end or to step `limit`.
   void train_epoch_steps(std::int64_t limit, Running& run, TrainObserver& obs);
+  void drop_prefetched_epoch(bool keep_for_next);
   // After the last step of an epoch (or of the run): epoch metrics, the evaluation when due,
   // the counters moved to the next epoch.
   void end_epoch(Running& run, TrainObserver& obs);
@@ -121,8 +122,12 @@ struct Trainer::Impl {
   bool pipelined = false;
   bool feeds = true;
   std::unique_ptr<Loader> loader;
-  // A device backend copies each next batch in during the step before it (Loader::peek()).
+  // A device backend copies each next batch in during the step before it (Loader::peek()),
+  // the next epoch's first during the epoch's last step (Loader::peek_next_epoch()).
   bool prefetch = false;
+  // The epoch whose first batch the backend holds copied ahead (-1: none): kept over the
+  // epoch's end only for start_epoch(that epoch, 0), which keeps the loader's memory of it.
+  std::int64_t prefetched_epoch = -1;
   std::unique_ptr<Loader> eval_loader;
   bool has_eval = false;
   std::int64_t eval_steps = 0;  // batches of an evaluation pass

@@ -169,6 +169,7 @@ struct Loader::Impl {
   const LoadedBatch* next_threaded(std::chrono::steady_clock::time_point called);
   const LoadedBatch* next_sync();
   const LoadedBatch* peek_threaded();
+  const LoadedBatch* peek_next_epoch_threaded();
 };
 
 // The producer thread: every HDF5 call of a threaded loader happens here.
@@ -566,6 +567,21 @@ const LoadedBatch* Loader::Impl::peek_threaded() {
 const LoadedBatch* Loader::peek() {
   Impl& s = *impl_;
   return s.started && s.threaded ? s.peek_threaded() : nullptr;
+}
+
+// Once the epoch is handed out, the ring holds only the speculated batches of the next one
+// (has_work()), in step order; the front is its first when the producer has begun it.
+const LoadedBatch* Loader::Impl::peek_next_epoch_threaded() {
+  const std::lock_guard<std::mutex> lk(m);
+  if (error || consume_step < steps || produce_epoch == epoch || ready.empty()) return nullptr;
+  const Buffer* front = ready.front();
+  if (front->batch.step != 0 || front->batch.epoch != produce_epoch) return nullptr;
+  return &front->batch;
+}
+
+const LoadedBatch* Loader::peek_next_epoch() {
+  Impl& s = *impl_;
+  return s.started && s.threaded ? s.peek_next_epoch_threaded() : nullptr;
 }
 
 const LoadedBatch* Loader::Impl::next_sync() {

@@ -83,7 +83,10 @@
 // can copy from them asynchronously); they are allocated on the constructing thread, sized for
 // the largest batch. In memory, resident() is the block batches are gathered from and each
 // batch lists its rows in it (resident_rows), so a device copy of the block can be gathered
-// by index; gather_features = false then skips the host copy of the features.
+// by index; gather_features = false then skips the host copy of the features. peek() shows
+// the batch next() hands out next, and peek_next_epoch(), after an epoch's last batch, the next
+// epoch's first, each in the memory next() will hand out, so a device copies it in during the
+// step before (across an epoch's end too: no epoch starts with a wait for its first copy).
 #pragma once
 
 #include <cstddef>
@@ -224,6 +227,14 @@ class Loader {
   // is until that next() hands it out and the next() after releases it, or until
   // start_epoch(), so a device may copy it ahead of its step. Local.
   const LoadedBatch* peek();
+  // Once next() has handed out the epoch's last batch: the first batch of the epoch after it,
+  // when the producer has it ready ahead (see start_epoch()); else nullptr (never waits or
+  // reads; always nullptr without a producer thread). start_epoch(epoch + 1) keeps its memory
+  // as it is (for shuffle none, any start_epoch(e, 0): those batches are alike) until next()
+  // hands it out and the next() after releases it; any other start_epoch() releases it at
+  // once, so a device copying it ahead must have finished with the copy before that call.
+  // Local.
+  const LoadedBatch* peek_next_epoch();
 
   double wait_seconds() const;         // total time next() waited since construction
   double last_wait_seconds() const;    // wait of the latest next()
