@@ -187,13 +187,13 @@ void Trainer::Impl::close_interval(TrainObserver& obs) {
   progress.interval_start = mark();
 }
 
-// Forgets a batch copied ahead across an epoch's end, unless the loader is about to hand it out
+// Forgets any batch copied ahead -- a next epoch's first, or one of this epoch left by an
+// exception out of the loop -- unless it is the first batch the loader is about to hand out
 // (start_epoch(epoch, 0) keeps that memory); any other start_epoch() may reuse it at once.
 void Trainer::Impl::drop_prefetched_epoch(bool keep_for_next) {
-  if (prefetched_epoch < 0) return;
-  if (!keep_for_next || prefetched_epoch != state.epoch || state.step_in_epoch != 0) {
-    compute->drop_prefetched();
-  }
+  const bool kept = keep_for_next && prefetched_epoch >= 0 && prefetched_epoch == state.epoch &&
+                    state.step_in_epoch == 0;
+  if (!kept) compute->drop_prefetched();  // nothing to wait for when nothing was copied ahead
   prefetched_epoch = -1;
 }
 
