@@ -4,8 +4,8 @@
 set -euo pipefail
 
 packages=(
-  # build
-  g++ cmake make pkg-config git zlib1g-dev
+  # build (ccache: scripts/build.sh uses it when present; .ci/run shares it across checkouts)
+  g++ cmake make pkg-config git zlib1g-dev ccache
   # MPI and parallel HDF5
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   # maths, options, formatting, JSON
