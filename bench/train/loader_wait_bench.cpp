@@ -4,7 +4,10 @@
 // of the loop, and how many batches next() gathered itself (ring empty, data in memory).
 // Background producer vs synchronous reads, any prefetch depth; --features 0 hands over only
 // row indices and labels, as for a device-resident set (loader.device_cache_mb: the GPU
-// gathers the rows), where a step may be tens of microseconds (--step-ms 0.08).
+// gathers the rows), where a step may be tens of microseconds (--step-ms 0.08). As the trainer
+// does on a device backend, each step then asks for the batch after it (Loader::peek(); in an
+// epoch's last step the next epoch's first, Loader::peek_next_epoch()) and counts how often it
+// was ready to be copied ahead: a miss is a step that would wait for its copy on a GPU.
 //   mpirun -n 2 loader_wait_bench FILE [--batch 128 (per rank)] [--prefetch 4]
 //          [--background 1] [--step-ms 1.4] [--epochs 2] [--shuffle global|local]
 //          [--features 1] [--gather-threads 0] [--paced 0 (LoaderOptions::paced_producer)]
@@ -75,13 +78,27 @@ int run(mpi::Comm& world, int argc, char** argv) {
   train::Loader loader(world, o);
   std::vector<double> waits;
   volatile float sink = 0;
+  // Steps that asked for the batch after them, and how many found it ready; of those, the
+  // epochs' last steps asking for the next epoch's first.
+  long asked = 0, ready = 0, asked_first = 0, ready_first = 0;
   auto t0 = Clock::now();
+  const long steps = static_cast<long>(loader.steps_per_epoch());
   for (long e = 0; e < a.epochs; ++e) {
     if (e == a.skip_epochs) t0 = Clock::now();
     loader.start_epoch(e);
+    long k = 0;
     while (const train::LoadedBatch* b = loader.next()) {
-      if (e >= a.skip_epochs) waits.push_back(loader.last_wait_seconds() * 1e3);
+      const bool counted = e >= a.skip_epochs;
+      if (counted) waits.push_back(loader.last_wait_seconds() * 1e3);
       const auto s0 = Clock::now();
+      const bool last = ++k == steps;
+      if (counted && (!last || e + 1 < a.epochs)) {
+        const bool hit = (last ? loader.peek_next_epoch() : loader.peek()) != nullptr;
+        ++asked;
+        ready += hit ? 1 : 0;
+        asked_first += last ? 1 : 0;
+        ready_first += last && hit ? 1 : 0;
+      }
       // Touch the batch like a step would (its first row or index), then spin for the step.
       if (b->rows > 0) {
         sink = sink + (b->x.empty() ? static_cast<float>(b->resident_rows[0]) : b->x[0]);
@@ -95,12 +112,14 @@ int run(mpi::Comm& world, int argc, char** argv) {
   for (const double w : waits) sum += w;
   std::printf("rank %d: %zu steps, %s%s, %s, prefetch %ld, step %.3f ms: wait median %.4f p90 "
               "%.4f p99 %.4f ms, total %.1f ms = %.2f%% of the loop; %lld batches gathered by "
-              "next()\n",
+              "next(); the next batch ready during the step before: %ld of %ld (an epoch's "
+              "first: %ld of %ld)\n",
               world.rank(), waits.size(),
               o.background && loader.threaded() ? "producer thread" : "synchronous",
               o.paced_producer ? " (paced)" : "", o.gather_features ? "features" : "indices only", a.prefetch, a.step_ms,
               quantile(waits, 0.5), quantile(waits, 0.9), quantile(waits, 0.99), sum,
-              100.0 * sum / 1e3 / total, static_cast<long long>(loader.consumer_batches()));
+              100.0 * sum / 1e3 / total, static_cast<long long>(loader.consumer_batches()),
+              ready, asked, ready_first, asked_first);
   return 0;
 }
 
