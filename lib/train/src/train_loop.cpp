@@ -222,13 +222,9 @@ void Trainer::Impl::train_epoch_steps(std::int64_t limit, Running& run, TrainObs
     const bool ends_epoch = state.step_in_epoch == steps_per_epoch || state.step == planned_steps;
     if (!ends_epoch && boundary(run, false)) break;
   }
-  // The loader may reuse a prefetched batch's memory after this (start_epoch()), except the
-  // next epoch's first batch after a whole epoch (drop_prefetched_epoch()). On an exception the
-  // backend's destructor waits for its copies before the loader frees them.
-  if (prefetched_epoch < 0 || state.step_in_epoch != steps_per_epoch) {
-    compute->drop_prefetched();
-    prefetched_epoch = -1;
-  }
+  // A batch copied ahead stays until the next start_epoch() or the end of train(), which drop
+  // it unless the loader keeps it (drop_prefetched_epoch()). On an exception the backend's
+  // destructor waits for its copies before the loader frees them.
   collect();
 }
 
