@@ -41,10 +41,11 @@ case $kind in
     config=(-DLOCUS_SANITIZE=thread "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
             "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
     # The threads of locus: the loader's producer, the asynchronous checkpointer, the infer
-    # compute thread and its reader ring, the parallel row reader, the progress watchdog.
+    # compute thread and its reader ring, the parallel row reader, the progress watchdog; and
+    # the trainer reading the batches the producer shows ahead (test_trainer_prefetch).
     targets=(test_loader test_checkpoint test_checkpoint_resume test_pipeline_parts test_watchdog
-             test_row_reader)
-    select=(-R '^(test_loader|test_checkpoint|test_checkpoint_resume|test_pipeline_parts|test_watchdog)\.np[12]$|^test_row_reader$')
+             test_row_reader test_trainer_prefetch)
+    select=(-R '^(test_loader|test_checkpoint|test_checkpoint_resume|test_pipeline_parts|test_watchdog|test_trainer_prefetch)\.np[12]$|^test_row_reader$')
     preload=""
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp:exitcode=66:halt_on_error=0:second_deadlock_stack=1:history_size=4"
     ;;

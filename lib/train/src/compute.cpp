@@ -54,6 +54,7 @@ void validate(const ComputeOptions& options) {
 std::unique_ptr<Compute> make_compute(const ComputeOptions& options, const mpi::Comm& world,
                                       TrainState& state, Loss loss) {
   validate(options);
+  if (options.factory) return options.factory(state, loss);
 #if LOCUS_WITH_CUDA
   if (options.backend == "cuda") return cuda::make_cuda_compute(options, world, state, loss);
 #else
@@ -86,6 +87,8 @@ namespace detail {
 std::unique_ptr<LayerOps> make_layer_ops(const ComputeOptions& options, const mpi::Comm& world,
                                          TrainState& state) {
   validate(options);
+  LOCUS_ASSERT(!options.factory, "a compute factory builds whole-model backends, not the layer "
+                                 "operations of a pipeline stage");
 #if LOCUS_WITH_CUDA
   if (options.backend == "cuda") return cuda::make_cuda_layer_ops(options, world, state);
 #else

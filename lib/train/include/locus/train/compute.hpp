@@ -33,6 +33,7 @@
 namespace locus::train {
 
 struct HostMemory;  // data/loader.hpp
+class Compute;
 
 // Precision (fp32 | tf32 | bf16): locus/train/model/precision.hpp.
 
@@ -42,6 +43,11 @@ struct ComputeOptions {
   int device = -1;              // cuda: -1 = node-local rank modulo the visible devices
   bool graphs = true;           // cuda: replay each step shape from a captured CUDA graph
   bool measure_gemms = true;    // cuda: time cuBLASLt's candidates once per shape (matmul.hpp)
+  // Tests only: builds the whole-model backend in place of make_compute()'s choice by name
+  // (`backend` is still validated), e.g. the cpu backend behind a model of a device's
+  // asynchronous input copies (tests/train/test_trainer_prefetch.cpp). Pipeline stages refuse
+  // it (they build layer operations, not a Compute). Null: by name.
+  std::function<std::unique_ptr<Compute>(TrainState&, Loss)> factory;
 };
 
 // ConfigError naming what this build and host have when the backend cannot run here (cuda in
