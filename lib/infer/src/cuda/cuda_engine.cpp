@@ -41,7 +41,9 @@ std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m;
 class PinnedRing final : public Engine::Attachment {
  public:
   PinnedRing(void* p, std::size_t bytes) : registration_(p, bytes) {
-    if (registration_.refused() != cudaSuccess) {  // slower, not wrong: say so, go on
+    // Slower, not wrong: say so, go on. Already registered (e.g. by a CUDA-aware MPI): locked.
+    if (registration_.refused() != cudaSuccess &&
+        registration_.refused() != cudaErrorHostMemoryAlreadyRegistered) {
       fmt::print(stderr,
                  "[rank {}] note: the read ring ({:.0f} MiB) could not be page-locked ({}): "
                  "its copies to the GPU go through pageable memory, slower\n",

@@ -233,6 +233,9 @@ CudaCompute::~CudaCompute() {
   if (compute_) cudaStreamSynchronize(compute_.get());
   if (copy_) cudaStreamSynchronize(copy_.get());
   if (registered_ != nullptr) cudaHostUnregister(registered_);
+  // A non-sticky error here would otherwise be reported by the next backend's first launch
+  // check (cudaPeekAtLastError) in this process.
+  cudaGetLastError();
 }
 
 void CudaCompute::sync_from_host() { dstate_.sync_from_host(compute_.get()); }
@@ -285,7 +288,8 @@ void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::
         call, static_cast<double>(x.size_bytes()) / (1 << 20), device_.index,
         cudaGetErrorString(rc),
         rc == cudaErrorHostMemoryAlreadyRegistered
-            ? " (part of it is page-locked already, e.g. by the MPI library's CUDA transport)"
+            ? " (part of it is page-locked already: by the MPI library's CUDA transport, or "
+              "a page it shares with a buffer this process page-locked)"
             : ""));
   };
   if (bf16()) {
@@ -318,8 +322,10 @@ void CudaCompute::map_dataset(std::span<const float> x, std::int64_t rows, std::
       rc == cudaErrorHostMemoryAlreadyRegistered) {
     // Some of it is page-locked already -- a CUDA-aware MPI transport registers the host
     // buffers of its transfers (the global shuffle's all-gather filled this one) and keeps
-    // them registered until they are unmapped -- with flags and a range this backend does not
-    // know. Gather from a mapped copy of the block instead, at the cost of its size.
+    // them registered until they are unmapped; CUDA locks whole pages, so a heap neighbour this
+    // process page-locked (the TrainState's buffers) may hold its first or last page -- with
+    // flags and a range this backend does not know. Gather from a mapped copy of the block
+    // instead, at the cost of its size.
     cudaGetLastError();  // not sticky: clear it, or the next launch check would report it
     try {
       staged_x_ = MappedBuffer<float>(x.size());
@@ -355,7 +361,8 @@ Compute::HeldSamples CudaCompute::held_samples() const {
   }
   if (mapped_x_ != nullptr) {
     return {fmt::format("{} from a page-locked copy", kOverLink), staged_x_.size() * sizeof(float),
-            "the block was page-locked already (e.g. by the MPI library's CUDA transport)"};
+            "part of the block was page-locked already (by the MPI library's CUDA transport, or "
+            "a page it shares with a buffer this process page-locked)"};
   }
   return {};
 }

@@ -17,15 +17,18 @@ DeviceState::DeviceState(TrainState& state, bool bf16)
   for (const auto& s : opt_state) registered_.emplace_back(s.data.data(), s.data.size_bytes());
 }
 
+// The copies go on `stream`, ahead of the bf16 conversion that reads them: a cudaMemcpy from
+// pageable memory (the registration refused) may return before its DMA lands, and `stream`
+// does not wait for the legacy default stream.
 void DeviceState::sync_from_host(cudaStream_t stream) {
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  LOCUS_CUDA_CHECK(cudaMemcpy(params_.data(), state_.model.params().data(), params_.bytes(),
-                              cudaMemcpyHostToDevice));
+  LOCUS_CUDA_CHECK(cudaMemcpyAsync(params_.data(), state_.model.params().data(), params_.bytes(),
+                                   cudaMemcpyHostToDevice, stream));
   const auto st = std::as_const(*state_.optimizer).state();
   DeviceBuffer<float>* targets[2] = {&state_a_, &state_b_};
   for (std::size_t i = 0; i < st.size() && i < 2; ++i) {
-    LOCUS_CUDA_CHECK(cudaMemcpy(targets[i]->data(), st[i].data.data(), targets[i]->bytes(),
-                                cudaMemcpyHostToDevice));
+    LOCUS_CUDA_CHECK(cudaMemcpyAsync(targets[i]->data(), st[i].data.data(), targets[i]->bytes(),
+                                     cudaMemcpyHostToDevice, stream));
   }
   if (params_bf16_.size() > 0) to_bf16(params_.data(), params_bf16_.data(), n_, stream);
   LOCUS_CUDA_CHECK(cudaStreamSynchronize(stream));
