@@ -52,8 +52,11 @@ class StageLink {
   // Completes r (returns at once when nothing is in flight). After a receive, buf holds the
   // data for everything enqueued on buf.stream from now on (a device buffer: the copy from the
   // host, or NCCL's receive, is ordered before it); after a send, buf may be reused (by work
-  // enqueued on its stream from now on). Host links block until then; the NCCL link never
-  // blocks here: it orders buf.stream after the transfer with an event.
+  // enqueued on its stream from now on). Host links block until then; the NCCL link does not
+  // wait for the transfer here: it orders buf.stream after it with an event. (NCCL connects
+  // two ranks at their first transfer, lazily: that first send() or wait() on each channel and
+  // peer blocks the host until the peer issues its side, a rendezvous the pipeline's schedules
+  // pair up.)
   virtual void wait(LinkRequest& r) = 0;
   // Blocks until every transfer this rank started has completed. Host links: nothing to do
   // (wait() blocks). NCCL: polls for peer errors and gives up after LinkOptions::timeout_s.
