@@ -8,11 +8,16 @@
 // copy began. A change means the loader reused memory a device could still be reading (a
 // torn copy); a copy replaced or left unused means wasted bandwidth. Batches come from the
 // model's own HostMemory, as from a device backend's page-locked memory, so the trainer runs
-// its device configuration: a paced producer and copies ahead of each step.
+// its device configuration: a paced producer and copies ahead of each step. With
+// defers_step_values, it also defers the anomaly detector's step values as the cuda backend
+// does (compute.hpp): the sum of squares taken at request_step_values(), an update gated on
+// its finiteness (skipped, its step still counted, as on the device), the values handed over
+// after the update was issued -- so the trainer's deferred order (deferred_step()) runs here.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -43,13 +48,18 @@ struct InputLog {
   std::atomic<std::int64_t> live_blocks{0};  // HostMemory blocks not yet returned (any thread)
 };
 
+struct AsyncInputOptions {
+  // Each forward_backward() takes at least this long, so the paced producer is ahead of the
+  // step (as it is of a device's step when the producer keeps up).
+  std::chrono::microseconds step_delay{0};
+  bool defers_step_values = false;
+};
+
 class AsyncInputCompute final : public Compute {
  public:
-  // `step_delay`: each forward_backward() takes at least this long, so the paced producer is
-  // ahead of the step (as it is of a device's step when the producer keeps up).
-  AsyncInputCompute(std::unique_ptr<Compute> inner, std::shared_ptr<InputLog> log,
-                    std::chrono::microseconds step_delay)
-      : inner_(std::move(inner)), log_(std::move(log)), delay_(step_delay) {}
+  AsyncInputCompute(std::unique_ptr<Compute> inner, TrainState& state,
+                    std::shared_ptr<InputLog> log, AsyncInputOptions options)
+      : inner_(std::move(inner)), state_(state), log_(std::move(log)), options_(options) {}
 
   std::string_view name() const noexcept override { return "cpu+async-inputs"; }
   std::string describe() const override { return inner_->describe() + ", inputs copied ahead"; }
@@ -74,7 +84,7 @@ class AsyncInputCompute final : public Compute {
   void forward_backward(const Batch& batch, std::uint64_t step, double grad_divisor,
                         const GradsReadyFn& on_grads_ready) override {
     ++log_->steps;
-    std::this_thread::sleep_for(delay_);
+    std::this_thread::sleep_for(options_.step_delay);
     std::unique_ptr<Copy> mine;
     if (copy_ && copy_->identity == identity(batch) && copy_->rows == batch.rows) {
       if (!copy_->unchanged()) {
@@ -91,10 +101,24 @@ class AsyncInputCompute final : public Compute {
     inner_->forward_backward(mine ? mine->batch() : batch, step, grad_divisor, on_grads_ready);
   }
 
-  void optimizer_step(double lr, double clip) override { inner_->optimizer_step(lr, clip); }
+  void optimizer_step(double lr, double clip) override {
+    if (gate_ && !std::isfinite(squares_)) {
+      state_.optimizer->finish_step();  // the device skips the update; the host counts it
+      return;
+    }
+    inner_->optimizer_step(lr, clip);
+  }
   double last_grad_norm() override { return inner_->last_grad_norm(); }
   double grad_squares() override { return inner_->grad_squares(); }
   void drain_stats(std::vector<LossStats>& out) override { inner_->drain_stats(out); }
+
+  bool defers_step_values() const noexcept override { return options_.defers_step_values; }
+  void gate_updates(bool on) override { gate_ = on; }
+  void request_step_values() override { squares_ = inner_->grad_squares(); }
+  double take_step_values(std::vector<LossStats>& out) override {
+    inner_->drain_stats(out);
+    return squares_;
+  }
   LossStats evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
   std::shared_ptr<HostMemory> host_memory() override {
     return std::make_shared<CountedMemory>(log_);
@@ -161,17 +185,21 @@ class AsyncInputCompute final : public Compute {
   };
 
   std::unique_ptr<Compute> inner_;
+  TrainState& state_;
   std::shared_ptr<InputLog> log_;
-  std::chrono::microseconds delay_;
+  AsyncInputOptions options_;
   std::unique_ptr<Copy> copy_;
+  bool gate_ = false;
+  double squares_ = 0.0;  // of request_step_values()
 };
 
 // ComputeOptions::factory for the model around the cpu backend.
 inline std::function<std::unique_ptr<Compute>(TrainState&, Loss)> async_input_factory(
-    const mpi::Comm& world, std::shared_ptr<InputLog> log, std::chrono::microseconds delay) {
-  return [&world, log, delay](TrainState& state, Loss loss) -> std::unique_ptr<Compute> {
+    const mpi::Comm& world, std::shared_ptr<InputLog> log, AsyncInputOptions options) {
+  return [&world, log, options](TrainState& state, Loss loss) -> std::unique_ptr<Compute> {
     ComputeOptions cpu;  // no factory: the cpu backend by name
-    return std::make_unique<AsyncInputCompute>(make_compute(cpu, world, state, loss), log, delay);
+    return std::make_unique<AsyncInputCompute>(make_compute(cpu, world, state, loss), state, log,
+                                               options);
   };
 }
 

@@ -2,7 +2,9 @@
 // detector's verdicts; through the trainer at 1 and 2 ranks (and 2 pipeline stages), a loss
 // spike injected by a test hook on rank 0 only at step 20 (LOCUS_TEST_HOOK, set before main)
 // warned, skipped or stopped on every rank alike; a diverging run (lr 1e3) stopped at the
-// same step everywhere with its last state finite; a run resumed mid-way with the detector
+// same step everywhere with its last state finite; the same two on a backend that defers its
+// step values (a model of the cuda backend's order around the cpu backend) decided and trained
+// bitwise as in the host order; a run resumed mid-way with the detector
 // active ends bitwise as an uninterrupted one, with the same metrics file; the straggler
 // detector's judgement on crafted summaries.
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 
 #include "locus/train/monitor/anomaly.hpp"
 #include "locus/train/monitor/straggler.hpp"
+#include "async_input_compute.hpp"
 #include "test_checkpoint_util.hpp"
 
 namespace locus::train::test {
@@ -303,6 +306,39 @@ TEST_F(Monitor, DivergenceStopsEveryRankAtTheSameStepWithAFiniteState) {
   end.steps.clear();
   expect_bitwise(end, want, "diverged");
   EXPECT_TRUE(params_finite(grid, got.end.params));
+}
+
+// The order a deferring backend (cuda) takes under warn -- the update issued first, gated on
+// the gradient's finiteness, then the verdict (train_loop.cpp, deferred_step()) -- through the
+// cpu backend behind a model of that backend (async_input_compute.hpp): the spike warned at the
+// same step and the run bitwise the host order's; the diverging run (its gradient non-finite at
+// the step that stops it) stopped at the same step with the same state, the gated update not
+// counted.
+TEST_F(Monitor, DeferredStepValuesDecideAsTheHostOrder) {
+  auto deferring = [](TrainOptions o) {
+    o.compute.factory = async_input_factory(world(), std::make_shared<InputLog>(),
+                                            {.defers_step_values = true});
+    return o;
+  };
+  const TrainOptions warn = options(AnomalyAction::warn);
+  const Run want = run(warn);
+  const Run got = run(deferring(warn));
+  EXPECT_EQ(got.events.lines, std::vector<std::string>{"anomaly@20"});
+  EXPECT_TRUE(got.summary.finished);
+  expect_bitwise(got.end, want.end, "warn, deferred");
+
+  TrainOptions diverge = warn;
+  diverge.schedule.base_lr = 1e3;
+  diverge.schedule.warmup_steps = 0;
+  const Run host = run(diverge);
+  const Run deferred = run(deferring(diverge));
+  EXPECT_FALSE(deferred.summary.finished);
+  ASSERT_FALSE(deferred.events.all.empty());
+  EXPECT_EQ(deferred.events.all.back().event, "nonfinite");
+  EXPECT_EQ(deferred.events.lines, host.events.lines);
+  EXPECT_EQ(deferred.step, host.step);
+  expect_bitwise(deferred.end, host.end, "diverged, deferred");
+  EXPECT_TRUE(params_finite(Grid(world(), 1), deferred.end.params));
 }
 
 // A run resumed mid-way with the detector active (skip, with the spike after the resume and

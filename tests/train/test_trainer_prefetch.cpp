@@ -38,7 +38,7 @@ class TrainerPrefetch : public WorldDataSuite {
   // The options of a run through the model, which logs to `log`. A 2 ms step keeps the paced
   // producer ahead (it gathers these batches in microseconds), as it is ahead of a device.
   static TrainOptions through_model(TrainOptions o, const std::shared_ptr<InputLog>& log) {
-    o.compute.factory = async_input_factory(world(), log, 2ms);
+    o.compute.factory = async_input_factory(world(), log, {.step_delay = 2ms});
     return o;
   }
 };
