@@ -6,15 +6,18 @@
 // the step that uses it, or until drop_prefetched(); so the model checks, at each of those
 // points and whenever a copy is replaced, that the memory still holds what it held when the
 // copy began. A change means the loader reused memory a device could still be reading (a
-// torn copy); a copy replaced or left unused means wasted bandwidth. Batches come from the
-// model's own HostMemory, as from a device backend's page-locked memory, so the trainer runs
-// its device configuration: a paced producer and copies ahead of each step. With
+// torn copy); a copy replaced or left unused means wasted bandwidth. It also keeps a device
+// cache (cache_dataset: a copy of the block) and a mapped block (map_dataset: the loader's,
+// read in place), from which it gathers the rows of batches that come as row indices. Batches
+// come from the model's own HostMemory, as from a device backend's page-locked memory, so the
+// trainer runs its device configuration: a paced producer and copies ahead of each step. With
 // defers_step_values, it also defers the anomaly detector's step values as the cuda backend
 // does (compute.hpp): the sum of squares taken at request_step_values(), an update gated on
 // its finiteness (skipped, its step still counted, as on the device), the values handed over
 // after the update was issued -- so the trainer's deferred order (deferred_step()) runs here.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -44,6 +47,7 @@ struct InputLog {
   std::vector<std::uint64_t> used_at;  // the step numbers of those
   std::int64_t dropped = 0;         // copies drop_prefetched() forgot unused
   std::int64_t wasted = 0;          // copies replaced, or not the batch of the next step
+  std::int64_t index_batches = 0;   // steps whose batch came as row indices (rows gathered)
   std::vector<std::string> torn;    // memory changed while a copy could read it
   std::atomic<std::int64_t> live_blocks{0};  // HostMemory blocks not yet returned (any thread)
 };
@@ -97,8 +101,25 @@ class AsyncInputCompute final : public Compute {
       ++log_->wasted;
       finish(fmt::format("not the batch of step {}", step));
     }
-    // The device computes on what it copied; the host batch otherwise.
-    inner_->forward_backward(mine ? mine->batch() : batch, step, grad_divisor, on_grads_ready);
+    // The device computes on what it copied; the host batch otherwise; its rows gathered from
+    // the cached or mapped block when the batch names them.
+    const Batch& in = mine ? mine->batch_ : batch;
+    inner_->forward_backward(gathered(in), step, grad_divisor, on_grads_ready);
+  }
+
+  void cache_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override {
+    cached_.assign(x.begin(), x.end());
+    block_ = cached_;
+    block_rows_ = rows, cols_ = cols;
+  }
+  void map_dataset(std::span<const float> x, std::int64_t rows, std::int64_t cols) override {
+    block_ = x;  // the loader's resident block, which outlives the backend and never moves
+    block_rows_ = rows, cols_ = cols;
+  }
+  HeldSamples held_samples() const override {
+    if (block_.empty()) return {};
+    return {cached_.empty() ? "mapped by the model" : "cached by the model",
+            cached_.size() * sizeof(float), ""};
   }
 
   void optimizer_step(double lr, double clip) override {
@@ -129,6 +150,26 @@ class AsyncInputCompute final : public Compute {
     return b.x.empty() ? static_cast<const void*>(b.resident_rows.data()) : b.x.data();
   }
 
+  // `b` with its rows gathered from the block where it names them (x empty).
+  Batch gathered(const Batch& b) {
+    if (!b.x.empty() || b.resident_rows.empty()) return b;
+    ++log_->index_batches;
+    gather_.resize(b.resident_rows.size() * static_cast<std::size_t>(cols_));
+    auto out = gather_.begin();
+    for (const std::int64_t r : b.resident_rows) {
+      if (r < 0 || r >= block_rows_) {
+        log_->torn.push_back(fmt::format("row {} is outside the block's {}", r, block_rows_));
+        return b;
+      }
+      const auto at = block_.begin() + r * cols_;
+      out = std::copy(at, at + cols_, out);
+    }
+    Batch g = b;
+    g.x = gather_;
+    g.resident_rows = {};
+    return g;
+  }
+
   // A copy in flight: the host spans it reads and what they held when it began.
   struct Copy {
     explicit Copy(const Batch& b)
@@ -149,7 +190,6 @@ class AsyncInputCompute final : public Compute {
       return same(source.x, x) && same(source.labels, labels) && same(source.targets, targets) &&
              same(source.sample_ids, ids) && same(source.resident_rows, resident);
     }
-    Batch batch() const { return Batch{x, rows, labels, targets, ids, resident}; }
     Batch source;
     const void* identity;
     int rows;
@@ -158,6 +198,7 @@ class AsyncInputCompute final : public Compute {
     std::vector<float> targets;
     std::vector<std::uint64_t> ids;
     std::vector<std::int64_t> resident;
+    Batch batch_{x, rows, labels, targets, ids, resident};  // the copy, as the device holds it
   };
 
   // The copy ends (a device would have finished reading by now): was the memory left alone?
@@ -191,6 +232,10 @@ class AsyncInputCompute final : public Compute {
   std::unique_ptr<Copy> copy_;
   bool gate_ = false;
   double squares_ = 0.0;  // of request_step_values()
+  std::vector<float> cached_;     // cache_dataset()'s copy
+  std::span<const float> block_;  // the samples batches' row indices point into
+  std::int64_t block_rows_ = 0, cols_ = 0;
+  std::vector<float> gather_;     // a batch's gathered rows
 };
 
 // ComputeOptions::factory for the model around the cpu backend.

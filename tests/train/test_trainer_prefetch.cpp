@@ -4,7 +4,8 @@
 // one the next step gets, its memory untouched until then; an epoch's first batch is copied
 // during the epoch before; stops and restores drop what was copied ahead before the loader
 // reuses it; and the weights are bitwise those of the plain cpu backend, which reads each batch
-// where the loader hands it out. The GPU tests (gpu/test_cuda_trainer.cpp) run the real copies.
+// where the loader hands it out -- also when batches come as row indices into a cached or
+// mapped block. The GPU tests (gpu/test_cuda_trainer.cpp) run the real copies.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -110,6 +111,41 @@ TEST_P(EveryShuffle, CopiesAheadAreTheBatchesTheStepsGet) {
 INSTANTIATE_TEST_SUITE_P(Trainer, EveryShuffle,
                          ::testing::Values(Shuffle::global, Shuffle::local, Shuffle::none),
                          [](const auto& p) { return std::string(to_string(p.param)); });
+
+// loader.device_cache_mb and loader.gather = device through the model: batches come as row
+// indices (the loader gathers no features), copied ahead as such, their rows gathered from the
+// model's copy of the block or from the loader's block in place -- bitwise the streamed run.
+TEST_F(TrainerPrefetch, ResidentSamplesTrainBitwiseAsStreamedBatches) {
+  for (const Shuffle shuffle : {Shuffle::global, Shuffle::local}) {
+    const TrainOptions o = options(shuffle);
+    const std::vector<float> streamed = plain_run(o);
+    for (const bool cache : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << to_string(shuffle) << (cache ? ", cached" : ", mapped"));
+      auto log = std::make_shared<InputLog>();
+      TrainOptions r = through_model(o, log);
+      if (cache) {
+        r.device_cache_bytes = 1ULL << 30;
+      } else {
+        r.device_gather = true;
+      }
+      std::vector<float> got;
+      std::int64_t planned = 0;
+      {
+        const Grid grid(world(), 1);
+        Trainer t(grid, r);
+        planned = t.planned_steps();
+        EXPECT_TRUE(t.train().finished);
+        got = params_of(t);
+      }
+      expect_untorn(*log);
+      EXPECT_EQ(log->index_batches, planned) << "every step's batch must come as row indices";
+      EXPECT_EQ(log->wasted, 0);
+      EXPECT_EQ(log->dropped, 0);
+      EXPECT_GE(log->used, 1) << "no batch of row indices was copied ahead";
+      EXPECT_EQ(got, streamed) << "the gathered rows trained other weights";
+    }
+  }
+}
 
 // train() stopped at an epoch's end (its last step copied the next epoch's first batch), then
 // mid-epoch, then rewound to an earlier state (what a restore does) and run to the end: each
