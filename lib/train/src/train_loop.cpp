@@ -191,8 +191,8 @@ void Trainer::Impl::close_interval(TrainObserver& obs) {
 // exception out of the loop -- unless it is the first batch the loader is about to hand out
 // (start_epoch(epoch, 0) keeps that memory); any other start_epoch() may reuse it at once.
 void Trainer::Impl::drop_prefetched_epoch(bool keep_for_next) {
-  const bool kept = keep_for_next && prefetched_epoch >= 0 && prefetched_epoch == state.epoch &&
-                    state.step_in_epoch == 0;
+  const bool kept =
+      keep_for_next && prefetched_epoch == state.epoch && state.step_in_epoch == 0;  // -1: none
   if (!kept) compute->drop_prefetched();  // nothing to wait for when nothing was copied ahead
   prefetched_epoch = -1;
 }
