@@ -5,7 +5,8 @@
 # 1. the machine: nvidia-smi -L, driver and CUDA versions, PyTorch's view of the GPU
 # 2. libraries: the bundle's lib/ first; sonames the host still cannot resolve are taken from
 #    lib-extra.tar.xz, the host's CUDA directories or PyTorch's nvidia/* wheels
-# 3. every GPU test binary (gtest, each test's result as it ends; MPI tests at their ctest rank counts), the
+# 3. every GPU test binary (gtest, each test's result as it ends; MPI tests at their ctest rank counts),
+#    compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over the kernel tests, the
 #    device-side gather's bench by grid cap (locus_gather_bench, about 15 s), the NCCL tests
 #    and the NCCL reducer's bench at 2 and 4 ranks on the one GPU (host-id phase), the reducer's
 #    bench at 1 rank
@@ -22,9 +23,10 @@
 # where the tests need longer, run them alone (SKIP="locus torch") and the benchmarks in a
 # second call:
 #   TEST_BUDGET_S=180 TEST_TIMEOUT=90 APP_TEST_TIMEOUT=240   LOCUS_BUDGET_S=120 STEP_TIMEOUT=40
+#   SANITIZE_BUDGET_S=60 SANITIZE_TIMEOUT=60 SANITIZE_SPECS (tool:binary[:gtest filter] ...)
 #   HOSTID_BUDGET_S=240 HOSTID_TEST_TIMEOUT GATHER_TIMEOUT=60
 #   TORCH_BUDGET_S=120 REDUCER_TIMEOUT=60 INFER_TIMEOUT=150 INFER_ROWS=1048576
-#   SKIP may also name "gather", "reducer" (both reducer benches), "reducer1" (the 1-rank one),
+#   SKIP may also name "sanitizer", "gather", "reducer" (both reducer benches), "reducer1" (the 1-rank one),
 #   "infer", "deep", "simplenet", "hostid", "monitors", "profile"
 #   SimpleNet 1024-512-10 Adam (after the deep MLP): SIMPLENET_ROWS=65536 (rows of the synthetic
 #   file, 1024 features; PyTorch's simplenet trains on it too) SIMPLENET_RUNS (gpu_train_bench.sh
@@ -255,6 +257,78 @@ else
     record_gtest "$name" "$ranks" "$rc" "$tl" "$s"
   done < "$bundle/tests/manifest.tsv"
 fi
+tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
+
+section "compute-sanitizer over the kernel tests"
+# The GPU tests check values; compute-sanitizer checks what they cannot see: a read or write
+# out of bounds that lands in memory nobody compares (memcheck), a read of device memory never
+# written (initcheck), a shared-memory race (racecheck), a barrier not every thread reaches
+# (synccheck). memcheck and initcheck check every kernel, cuBLASLt's too: a wrong leading
+# dimension or size that locus passes faults inside the library's kernel. racecheck and
+# synccheck check locus's kernels only (their names hold the namespace `locus`): the library's
+# shared-memory protocols are its own. Entries tool:binary[:gtest filter], in order, under a
+# soft budget (SANITIZE_BUDGET_S, default 60 s: nothing starts after it) and a limit per entry
+# (SANITIZE_TIMEOUT, default 60 s, shrunk to end within the budget + 20 s). SANITIZE_SPECS
+# replaces the list. A row per entry in sanitizer.tsv: the errors it reported and the first.
+san_tsv=$work/sanitizer.tsv
+printf 'tool\tbinary\tstatus\terrors\tpassed\tfailed\tseconds\tfirst\n' > "$san_tsv"
+san_specs=${SANITIZE_SPECS:-"memcheck:test_cuda_kernels memcheck:test_infer_cuda_kernels
+  racecheck:test_cuda_kernels synccheck:test_cuda_kernels initcheck:test_cuda_kernels
+  initcheck:test_infer_cuda_kernels
+  memcheck:test_cuda_trainer:*Fp32Matches*:*UnalignedLayerSlices*:*DeviceCacheAndDeviceGather*:*OddAndWideRows*:*ResumeOnTheGpu*"}
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+        /usr/local/cuda-*/bin/compute-sanitizer 2> /dev/null | head -n 1)
+if [[ $skip == *" sanitizer "* ]]; then
+  say "skipped (SKIP)"
+elif [[ -z $san ]]; then
+  say "no compute-sanitizer on this host: not run"
+elif ! ((gpu)); then
+  say "no GPU: not run"
+elif late; then
+  :
+else
+  say "$("$san" --version 2> /dev/null | grep -m1 -i version)"
+  mkdir -p "$work/scratch"
+  t0=$SECONDS sb=${SANITIZE_BUDGET_S:-60}
+  set -f  # the gtest filters hold '*'
+  for spec in $san_specs; do
+    set +f
+    IFS=: read -r tool bin filter <<< "$spec"
+    [[ -x $bundle/tests/$bin ]] || continue
+    if ((SECONDS - t0 > sb || $(left) < 20)); then
+      printf '%s\t%s\tnot run\t-\t-\t-\t-\t-\n' "$tool" "$bin" >> "$san_tsv"; continue
+    fi
+    limit=${SANITIZE_TIMEOUT:-60}
+    rest=$((sb + 20 - (SECONDS - t0)))
+    ((rest < limit)) && limit=$((rest < 20 ? 20 : rest))
+    limit=$(clip "$limit")
+    scope=()
+    [[ $tool == racecheck || $tool == synccheck ]] && scope=(--kernel-name kns=locus)
+    tl=$work/tests/sanitize-$tool-$bin.log s=$SECONDS
+    (cd "$work/scratch" && OMPI_MCA_ess_singleton_isolated=1 timeout -k 5 "$limit" \
+       "$san" --tool "$tool" --error-exitcode 86 --print-limit 20 "${scope[@]}" \
+       "$bundle/tests/$bin" --gtest_brief=0 --gtest_color=no ${filter:+"--gtest_filter=$filter"}) \
+      > "$tl" 2>&1 < /dev/null
+    rc=$?
+    # memcheck, initcheck, synccheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY:
+    # N hazards displayed (E errors, W warnings)", whose errors count here.
+    errors=$(grep -m1 -oP '(ERROR SUMMARY: |RACECHECK SUMMARY: .*\()\K[0-9]+(?= errors?)' "$tl" || echo '?')
+    passed=$(grep -c '^\[       OK \] ' "$tl")
+    failed=$(grep -cP '^\[  FAILED  \] \S+ \([0-9]+ ms\)$' "$tl")
+    first=$(grep -m1 -A1 -P '^========= (?!COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|Target application)\S' "$tl" |
+              sed 's/^=========  *//' | tr '\n' ' ' | cut -c1-160)
+    st=ok
+    ((rc == 86)) && st=findings
+    ((rc != 0 && rc != 86)) && st="rc=$rc"
+    ((rc == 124 || rc == 137)) && st=timeout
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$tool" "$bin" "$st" "$errors" "$passed" "$failed" \
+      "$((SECONDS - s))" "${first:--}" >> "$san_tsv"
+    { echo "--- compute-sanitizer --tool $tool $bin ${filter:+($filter)} (rc $rc)"; cat "$tl"; } >> "$log"
+    say "$tool $bin: $st, errors $errors, tests passed $passed failed $failed, $((SECONDS - s)) s"
+  done
+  set +f
+fi
+cp "$san_tsv" "$work/tests/" 2> /dev/null
 tar -C "$work" -czf "$out/tests.tar.gz" tests tests.tsv 2> /dev/null
 
 section "device-side gather from mapped host memory (locus_gather_bench)"
@@ -602,6 +676,11 @@ if [[ -s $work/locus/kernel_profile.txt ]]; then
   { echo; echo "device time per step by kernel (ncu, eager; the top 6 of each):"
     awk '/^kernel_profile:/ {print; n = 0; next} /^  / && n++ < 6 {print}' \
       "$work/locus/kernel_profile.txt"; } >> "$out/summary.txt"
+fi
+if (($(wc -l < "$san_tsv") > 1)); then
+  { echo; echo "compute-sanitizer over the kernel tests (errors each tool reported; the tests' results under it):"
+    awk -F'\t' 'NR > 1 {printf "  %-9s %-24s %-9s errors %-3s passed %-3s failed %-3s %4ss  %s\n", $1, $2, $3, $4, $5, $6, $7, ($3 == "findings" ? "first: " $8 : "")}' \
+      "$san_tsv"; } >> "$out/summary.txt"
 fi
 if [[ -s $gather_table ]]; then
   { echo; echo "loader.gather = device, by grid cap (GB/s alone, beside GEMMs; their slowdown):"
