@@ -42,7 +42,8 @@ void InferSettings::register_options(Config& c) {
                "matrix-product arithmetic on the GPU, as train.precision (fp32: as the CPU; "
                "tf32; bf16); the cpu backend takes fp32 only");
   c.add("infer.device", device,
-        "cuda: the GPU of this rank (-1: the node-local rank modulo the visible devices)",
+        "cuda: the GPU of this rank (-1: the node-local rank modulo the visible devices; "
+        "another value is refused on the cpu backend)",
         in_range(std::int64_t{-1}, std::int64_t{1023}));
   c.add("infer.record_writer", record_writer, "add /writer: the rank that wrote each row");
   c.add("infer.slow_ranks", slow_ranks,

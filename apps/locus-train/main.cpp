@@ -147,6 +147,9 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   if (ckpt.dir.empty() && world.is_root()) {
     say("note: checkpoint.dir is empty: no checkpoints; SIGUSR1/SIGUSR2 are ignored");
   }
+  if (world.is_root()) {
+    for (const auto& n : train::unused_settings(opts)) say("note: " + n);
+  }
 
   // A stage count that does not divide the ranks fails alike on every rank: agreed, exit 2.
   const train::Grid grid = [&] {

@@ -80,7 +80,8 @@ void TrainSettings::register_options(Config& c) {
                "with 10-bit mantissas; bf16: bf16 operands, fp32 accumulation and master "
                "weights); the cpu backend takes fp32 only");
   c.add("train.device", device,
-        "cuda: the GPU of this rank (-1: the node-local rank modulo the visible devices)",
+        "cuda: the GPU of this rank (-1: the node-local rank modulo the visible devices; "
+        "another value is refused on the cpu backend)",
         in_range(std::int64_t{-1}, std::int64_t{1023}));
   c.add("train.graphs", graphs,
         "cuda: capture each whole-model step shape once into a CUDA graph and replay it "

@@ -404,6 +404,10 @@ def test_cuda_backend_where_it_cannot_run(r, tmp):
     p = infer(r, model, data, out, "--infer.precision=bf16")
     expect_exit(p, EXIT_CONFIG, "infer.precision = bf16", "set infer.precision = fp32")
     check(no_outputs(out), "nothing may be published", p)
+    p = infer(r, model, data, out, "--infer.device=0")
+    expect_exit(p, EXIT_CONFIG, "infer.device = 0 picks a GPU, but infer.backend = cpu",
+                "set infer.backend = cuda, or infer.device = -1")
+    check(no_outputs(out), "nothing may be published", p)
 
 
 # Rank-independent checks (the model format against PyTorch, argument and input errors) run at

@@ -2,8 +2,8 @@
 // cuda in a build without CUDA, or on a host without a usable GPU (this project's CI machines:
 // the CUDA runtime is there, the driver and the device are not), is a ConfigError agreed on
 // every rank (locus-infer: exit 2) that names the key and what is available, raised before the
-// model or the input is read, and nothing is published. Skipped where a GPU can run it
-// (tests/infer/gpu covers that).
+// model or the input is read, and nothing is published (cuda: skipped where a GPU can run it
+// -- tests/infer/gpu covers that); infer.device on the cpu backend alike, everywhere.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -75,4 +75,20 @@ TEST(InferBackend, BadPrecisionOrBackendIsAnAgreedConfigError) {
   message = test::agreed_error<ConfigError>([&] { infer::run_inference(world, o); });
   EXPECT_NE(message.find("infer.backend = 'tpu' is unknown"), std::string::npos) << message;
   EXPECT_FALSE(exists(o.output));
+}
+
+// A GPU index asks for a GPU: on the cpu backend it is refused before the model or the input is
+// read, on every rank, naming the key, the value and both ways out.
+TEST(InferBackend, DeviceIndexOnTheCpuBackendIsAnAgreedConfigError) {
+  const mpi::Comm world = mpi::Comm::world();
+  test::SharedTmpDir dir(world);
+  infer::InferOptions o = options(dir);
+  o.device = 1;
+  const std::string message =
+      test::agreed_error<ConfigError>([&] { infer::run_inference(world, o); });
+  EXPECT_NE(message.find("infer.device = 1 picks a GPU, but infer.backend = cpu computes on the "
+                         "host (set infer.backend = cuda, or infer.device = -1)"),
+            std::string::npos)
+      << message;
+  EXPECT_FALSE(exists(o.output)) << "nothing may be published";
 }

@@ -2,11 +2,13 @@
 // the CI machines), train.backend = cuda is a ConfigError agreed on every rank (exit 2) that
 // names what is available (skipped where a device exists), with or without pipeline stages and
 // micro-batches (which the cuda backend runs where it can); the GPU-only
-// loader.device_cache_mb is refused for the cpu backend everywhere.
+// loader.device_cache_mb, loader.gather = device and train.device are refused for the cpu
+// backend everywhere, and the GPU-only switches it would ignore are named.
 #include <gtest/gtest.h>
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "agreed_error.hpp"
 #include "locus/train/compute.hpp"
@@ -100,6 +102,44 @@ TEST(CudaRefusal, DeviceGatherNeedsTheCudaBackendAndNoCache) {
                       "loader.device_cache_mb = 64 copies them to the GPU: choose one"),
             std::string::npos)
       << both;
+}
+
+// A GPU index asks for a GPU: on the cpu backend it is refused before any data is read, on
+// every rank, naming the key, the value and both ways out.
+TEST(CudaRefusal, DeviceIndexNeedsTheCudaBackend) {
+  const mpi::Comm world = mpi::Comm::world();
+  Data d(world);
+  const Grid grid(world, 1);
+  TrainOptions o = small_options(d);
+  o.compute.device = 0;
+  const std::string message =
+      locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+  EXPECT_NE(message.find("train.device = 0 picks a GPU, but train.backend = cpu computes on the "
+                         "host (set train.backend = cuda, or train.device = -1)"),
+            std::string::npos)
+      << message;
+}
+
+// Switches that change nothing on the cpu backend are named, each by key and value, only where
+// set away from their defaults, and never on the cuda backend (which uses them).
+TEST(CudaRefusal, GpuOnlySwitchesTheCpuBackendIgnoresAreNamed) {
+  const mpi::Comm world = mpi::Comm::world();
+  Data d(world);
+  TrainOptions o = small_options(d);
+  EXPECT_TRUE(unused_settings(o).empty());
+  o.compute.graphs = false;
+  o.compute.measure_gemms = false;
+  o.reducer.timeout_s = 5;
+  const std::vector<std::string> notes = unused_settings(o);
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_EQ(notes[0], "train.graphs = false applies to train.backend = cuda only: the cpu "
+                      "backend ignores it");
+  EXPECT_EQ(notes[1], "train.gemm_select = heuristic applies to train.backend = cuda only: the "
+                      "cpu backend ignores it");
+  EXPECT_EQ(notes[2], "train.reducer_timeout_s = 5 applies to train.backend = cuda only: the "
+                      "cpu backend ignores it (train.watchdog_s bounds its MPI waits)");
+  o.compute.backend = "cuda";
+  EXPECT_TRUE(unused_settings(o).empty());
 }
 
 }  // namespace

@@ -50,6 +50,12 @@ EngineChoice choose_engine(const mpi::Comm& comm, const InferOptions& o) {
                                     "in fp32 (set infer.precision = fp32, or infer.backend = "
                                     "cuda)", o.precision));
     }
+    if (o.device != -1) {
+      throw ConfigError(fmt::format("infer.device = {} picks a GPU, but infer.backend = cpu "
+                                    "computes on the host (set infer.backend = cuda, or "
+                                    "infer.device = -1)",
+                                    o.device));
+    }
     c.description = fmt::format("cpu (OpenBLAS, {} BLAS thread{})", o.blas_threads,
                                 o.blas_threads == 1 ? "" : "s");
     return c;

@@ -34,6 +34,12 @@ void validate(const ComputeOptions& options) {
                                     "train.backend = cuda)",
                                     to_string(options.precision)));
     }
+    if (options.device != -1) {
+      throw ConfigError(fmt::format("train.device = {} picks a GPU, but train.backend = cpu "
+                                    "computes on the host (set train.backend = cuda, or "
+                                    "train.device = -1)",
+                                    options.device));
+    }
     return;
   }
 #if LOCUS_WITH_CUDA

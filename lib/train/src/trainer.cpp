@@ -178,6 +178,30 @@ void validate(const TrainOptions& o) {
   validate(s);
 }
 
+std::vector<std::string> unused_settings(const TrainOptions& o) {
+  std::vector<std::string> notes;
+  if (o.compute.backend != "cpu") return notes;
+  const ComputeOptions defaults;
+  const auto unused = [&](const std::string& setting, std::string_view more = {}) {
+    notes.push_back(fmt::format("{} applies to train.backend = cuda only: the cpu backend "
+                                "ignores it{}",
+                                setting, more));
+  };
+  if (o.compute.graphs != defaults.graphs) {
+    unused(fmt::format("train.graphs = {}", o.compute.graphs));
+  }
+  if (o.compute.measure_gemms != defaults.measure_gemms) {
+    unused(fmt::format("train.gemm_select = {}", o.compute.measure_gemms ? "measure" : "heuristic"));
+  }
+  // The cpu backend's gradients and activations go through MPI, where a stuck peer is the
+  // watchdog's (train.watchdog_s).
+  if (o.reducer.timeout_s != comm::ReducerOptions{}.timeout_s) {
+    unused(fmt::format("train.reducer_timeout_s = {}", o.reducer.timeout_s),
+           " (train.watchdog_s bounds its MPI waits)");
+  }
+  return notes;
+}
+
 Trainer::Impl::Impl(const Grid& g, TrainOptions options)
     : grid(g),
       opts(checked(g, std::move(options))),
