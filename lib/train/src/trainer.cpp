@@ -191,7 +191,8 @@ std::vector<std::string> unused_settings(const TrainOptions& o) {
     unused(fmt::format("train.graphs = {}", o.compute.graphs));
   }
   if (o.compute.measure_gemms != defaults.measure_gemms) {
-    unused(fmt::format("train.gemm_select = {}", o.compute.measure_gemms ? "measure" : "heuristic"));
+    unused(fmt::format("train.gemm_select = {}",
+                       o.compute.measure_gemms ? "measure" : "heuristic"));
   }
   // The cpu backend's gradients and activations go through MPI, where a stuck peer is the
   // watchdog's (train.watchdog_s).
