@@ -41,11 +41,12 @@ case $kind in
     config=(-DLOCUS_SANITIZE=thread "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
             "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
     # The threads of locus: the loader's producer, the asynchronous checkpointer, the infer
-    # compute thread and its reader ring, the parallel row reader, the progress watchdog; and
-    # the trainer reading the batches the producer shows ahead (test_trainer_prefetch).
+    # compute thread and its reader ring, the parallel row reader, the progress watchdog; the
+    # trainer reading the batches the producer shows ahead (test_trainer_prefetch); and the
+    # model of the NCCL stage link's channels, a thread each (test_pipeline, 2 and 4 ranks).
     targets=(test_loader test_checkpoint test_checkpoint_resume test_pipeline_parts test_watchdog
-             test_row_reader test_trainer_prefetch)
-    select=(-R '^(test_loader|test_checkpoint|test_checkpoint_resume|test_pipeline_parts|test_watchdog|test_trainer_prefetch)\.np[12]$|^test_row_reader$')
+             test_row_reader test_trainer_prefetch test_pipeline)
+    select=(-R '^(test_loader|test_checkpoint|test_checkpoint_resume|test_pipeline_parts|test_watchdog|test_trainer_prefetch)\.np[12]$|^test_pipeline\.np[24]$|^test_row_reader$')
     preload=""
     export TSAN_OPTIONS="suppressions=$supp/tsan.supp:exitcode=66:halt_on_error=0:second_deadlock_stack=1:history_size=4"
     ;;

@@ -1,7 +1,8 @@
 // Pipeline-parallel training against a 1-rank run of the same global batches: pp = 2 (2 ranks),
 // pp = 2 x dp = 2 and pp = 4 (4 ranks), plus pp = 1 (micro-batching alone), under GPipe and
 // 1F1B with SGD and AdamW, dropout, clipping, mse, empty micro-batches; bitwise
-// reproducibility, schedule independence, bounded 1F1B activations and evaluation.
+// reproducibility, schedule independence, bounded 1F1B activations and evaluation; and the
+// pipeline's transfers under the NCCL link's ordering rules (in_order_link.hpp).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "agreed_error.hpp"
+#include "in_order_link.hpp"
 #include "locus/comm/mpi.hpp"
 #include "locus/train/model/backward.hpp"
 #include "locus/train/optim/clip.hpp"
@@ -61,6 +63,9 @@ struct RunSetup {
   double clip = 0;  // > 0: clip the global gradient norm to this
   int steps = 6;
   int batch = 18;  // global rows per step; dp = 2 gets 9 each, split 3/3/3 or 2/2/2/3
+  // The stage link (null: the backend's, MPI) and whether each step also evaluates its batch.
+  decltype(comm::LinkOptions::factory) link;
+  bool evaluate = false;
 };
 
 ModelSpec spec_of(const RunSetup& s) { return ModelSpec{kWidths, s.act, Init::he, s.dropout, 5}; }
@@ -98,6 +103,7 @@ Rows rows_of(const RunSetup& s, std::int64_t step, int begin, int end) {
 struct RunResult {
   std::vector<float> slice;      // this stage's parameters at the end
   std::vector<LossStats> stats;  // per step (pipeline: this replica's rows)
+  std::vector<LossStats> evals;  // per step with RunSetup::evaluate, after its update
   int peak_live = 0;
   std::size_t peak_bytes = 0;
 };
@@ -107,6 +113,7 @@ RunResult run_pipeline(const Grid& grid, const RunSetup& s) {
   PipelineOptions po;
   po.micro_batches = s.micro;
   po.schedule = s.schedule;
+  po.link.factory = s.link;
   const StageRange r = StagePartition(model.layout(), grid.pipeline_stages()).stage(grid.stage());
   const std::span<float> params = model.params().subspan(r.begin, r.size());
   std::vector<float> grads(r.size());
@@ -122,6 +129,7 @@ RunResult run_pipeline(const Grid& grid, const RunSetup& s) {
     run.stats.push_back(stage.train_step(b, static_cast<std::uint64_t>(step), s.batch));
     const float scale = s.clip > 0 ? clip_factor(stage.grad_norm(), s.clip) : 1.0f;
     opt->step(params, grads, lr_of(s), scale);
+    if (s.evaluate) run.evals.push_back(stage.evaluate(b));
   }
   run.slice.assign(params.begin(), params.end());
   run.peak_live = stage.peak_live_micro_batches();
@@ -345,6 +353,61 @@ TEST(Pipeline, EvaluateMatchesSerialForward) {
     EXPECT_EQ(got.rows, ref.rows);
     EXPECT_NEAR(got.loss_sum, ref.loss_sum, 1e-5 * std::abs(ref.loss_sum));
     EXPECT_EQ(got.correct, ref.correct);
+  }
+}
+
+// The NCCL stage link runs only on GPUs. Its ordering rules -- a channel per tag running its
+// transfers in issue order, a send done only once the peer's receive runs, receives issued
+// where they are waited for and in posting order, a host-side rendezvous at each first
+// transfer -- are kept by a model over host buffers (in_order_link.hpp). Under it every grid,
+// schedule and micro-batch count this world holds (one micro-batch, fewer than the stages,
+// more; empty ones) must complete its training steps (dropout; mse targets) and evaluations --
+// a deadlock aborts the job naming the transfer waited for -- with the bits of the MPI link,
+// each stage having connected each neighbour once per direction.
+TEST(Pipeline, StepsUnderTheNcclLinksOrderingCompleteBitwiseAsOverMpi) {
+  for (const int stages : stage_counts()) {
+    if (stages == 1) continue;
+    const Grid g(world(), stages);
+    for (const auto sched : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b}) {
+      for (const int micro : {1, stages - 1, stages + 1}) {
+        for (const bool mse : {false, true}) {
+          RunSetup s;
+          s.stages = stages;
+          s.schedule = sched;
+          s.micro = micro;
+          s.steps = 3;
+          s.evaluate = true;
+          if (mse) {
+            s.loss = Loss::mse;
+            s.act = Activation::tanh;
+            s.batch = 4;  // 2 rows a replica at dp = 2: empty micro-batches
+          } else {
+            s.opt.kind = OptimizerKind::adamw;
+            s.dropout = 0.2f;
+          }
+          SCOPED_TRACE(fmt::format("{}, {}", name(g, s), mse ? "mse" : "cross-entropy"));
+          const RunResult over_mpi = run_pipeline(g, s);
+          auto log = std::make_shared<test::InOrderLog>();
+          s.link = [log](const mpi::Comm& pp, std::span<const int> tags) {
+            return std::make_unique<test::InOrderLink>(pp, tags, log);
+          };
+          const RunResult in_order = run_pipeline(g, s);
+          EXPECT_EQ(in_order.slice, over_mpi.slice);
+          ASSERT_EQ(in_order.stats.size(), over_mpi.stats.size());
+          ASSERT_EQ(in_order.evals.size(), over_mpi.evals.size());
+          for (std::size_t k = 0; k < in_order.stats.size(); ++k) {
+            EXPECT_EQ(in_order.stats[k].loss_sum, over_mpi.stats[k].loss_sum) << "step " << k;
+            EXPECT_EQ(in_order.stats[k].rows, over_mpi.stats[k].rows) << "step " << k;
+            EXPECT_EQ(in_order.evals[k].loss_sum, over_mpi.evals[k].loss_sum) << "step " << k;
+            EXPECT_EQ(in_order.evals[k].correct, over_mpi.evals[k].correct) << "step " << k;
+          }
+          const bool end = g.stage() == 0 || g.stage() == stages - 1;
+          EXPECT_EQ(log->connects.load(), end ? 2 : 4) << "stage " << g.stage();
+          EXPECT_GT(log->sends.load(), 0);
+          EXPECT_GT(log->receives.load(), 0);
+        }
+      }
+    }
   }
 }
 

@@ -96,6 +96,8 @@ PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
 // One stage: the backend's (nothing travels).
 std::unique_ptr<comm::StageLink> PipelineStage::Impl::make_link(const mpi::Comm& pp_comm,
                                                                 const comm::LinkOptions& o) {
+  static constexpr int kTags[] = {kActivationTag, kGradientTag};
+  if (o.factory && stages > 1) return o.factory(pp_comm, kTags);
   const bool device = layer_ops->grads().space == comm::MemorySpace::cuda;
   if (o.backend == comm::LinkBackend::nccl && !device) {
     throw ConfigError("train.stage_link = nccl moves GPU buffers between pipeline stages, but "
@@ -103,7 +105,6 @@ std::unique_ptr<comm::StageLink> PipelineStage::Impl::make_link(const mpi::Comm&
                       "mpi, or train.backend = cuda");
   }
   if (stages > 1 && device && o.backend != comm::LinkBackend::mpi) {
-    static constexpr int kTags[] = {kActivationTag, kGradientTag};
     if (o.backend == comm::LinkBackend::nccl) return comm::make_nccl_link(pp_comm, kTags, o);
     link_note = comm::nccl_link_unusable_reason(pp_comm);
     if (link_note.empty()) return comm::make_nccl_link(pp_comm, kTags, o);

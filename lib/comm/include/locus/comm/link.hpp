@@ -13,6 +13,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -84,6 +85,11 @@ struct LinkOptions {
   // throws an NcclError (0: forever; time stopped by SIGSTOP does not count).
   double timeout_s = 600;
   std::string timeout_key = "train.reducer_timeout_s";  // the option that sets it, for messages
+  // Tests only: builds the link between pipeline stages (collective over the pipeline
+  // communicator, with the tags the pipeline uses) in place of the choice by backend and
+  // memory space, e.g. a model of the NCCL link's ordering over host buffers
+  // (tests/train/in_order_link.hpp). Null: by backend.
+  std::function<std::unique_ptr<StageLink>(const mpi::Comm&, std::span<const int> tags)> factory;
 };
 
 // Collective over comm (duplicated, so the link's messages never mix with the caller's): the
@@ -104,8 +110,10 @@ std::string nccl_link_unusable_reason(const mpi::Comm& comm);
 // when its wait() is -- and a transfer holds its channel's stream until the peer reaches the
 // matching one. So the host must issue one tag's transfers in an order that would not deadlock
 // with synchronous sends and receives issued where they are needed, as a pipeline does with
-// one tag per direction (activations up, gradients down). A zero-length transfer moves
-// nothing and needs no peer; both sides must agree on every length.
+// one tag per direction (activations up, gradients down); tests/train/in_order_link.hpp
+// models these rules over host buffers, and test_pipeline runs the pipeline's schedules
+// through that model on the CPU. A zero-length transfer moves nothing and needs no peer;
+// both sides must agree on every length.
 std::unique_ptr<StageLink> make_nccl_link(const mpi::Comm& comm, std::span<const int> tags,
                                           const LinkOptions& options);
 
