@@ -10,12 +10,18 @@
 //   - the first transfer between two ranks on a channel blocks the host until the peer issues
 //     its side (NCCL connects lazily): a host-side rendezvous, once per channel, peer and
 //     direction;
-//   - a zero-length transfer moves nothing and needs no peer.
+//   - a zero-length transfer moves nothing and needs no peer, but takes its place in its
+//     channel's order (the NCCL link records its event on the channel's stream);
+//   - a receive must be as long as the message (NCCL pairs equal counts; MPI would accept a
+//     longer receive).
 // wait() blocks the host until the transfer is done (on a GPU only the buffer's stream waits):
 // the CPU pipeline reads a received buffer, or reuses a sent one, right after it. A transfer
 // not done within the timeout is a deadlock of the pipeline's order under these rules: the
 // model prints which transfer it waited for and aborts the job (its channel threads sit in MPI
-// calls that could not be unwound).
+// calls that could not be unwound). What it cannot show: its threads test their requests all
+// the time, which moves every MPI message of the process, so a hang of an MPI message that
+// only its rank's own MPI calls would move (as the pipeline's labels once had,
+// pipeline_stage.cpp) does not appear here.
 #pragma once
 
 #include <fmt/format.h>
@@ -81,12 +87,8 @@ class InOrderLink final : public comm::StageLink {
   void send(const comm::GradientBuffer& buf, int peer, int tag, comm::LinkRequest& r) override {
     Channel& c = channel(buf, peer, tag, r);
     const int i = acquire(buf, peer, tag);
-    if (buf.size > 0) {
-      connect(c, peer, true);
-      enqueue(c, {true, buf.data, buf.size, peer, i});
-    } else {
-      finish(i);
-    }
+    if (buf.size > 0) connect(c, peer, true);
+    enqueue(c, {true, buf.data, buf.size, peer, i});
     r.staging = i;
   }
 
@@ -121,13 +123,9 @@ class InOrderLink final : public comm::StageLink {
         const std::lock_guard lock(mu_);
         slots_[static_cast<std::size_t>(i)].receive_pending = false;
       }
-      if (s.buf.size > 0) {
-        Channel& c = channel_of(s.tag);
-        connect(c, s.peer, false);
-        enqueue(c, {false, s.buf.data, s.buf.size, s.peer, i});
-      } else {
-        finish(i);
-      }
+      Channel& c = channel_of(s.tag);
+      if (s.buf.size > 0) connect(c, s.peer, false);
+      enqueue(c, {false, s.buf.data, s.buf.size, s.peer, i});
     }
     await(fmt::format("the {} of {} floats {} rank {} under tag {}",
                       s.receive_pending ? "receive" : "send", s.buf.size,
@@ -256,27 +254,37 @@ class InOrderLink final : public comm::StageLink {
         c.queue.pop_front();
       }
       const int n = static_cast<int>(op.size);
-      MPI_Request req = MPI_REQUEST_NULL;
-      if (op.send) {
-        LOCUS_MPI_CHECK(MPI_Issend(op.data, n, MPI_FLOAT, op.peer, 0, c.comm.get(), &req));
-        ++log_->sends;
-      } else {
-        LOCUS_MPI_CHECK(MPI_Irecv(op.data, n, MPI_FLOAT, op.peer, 0, c.comm.get(), &req));
-        ++log_->receives;
+      if (n > 0) {
+        const std::string what =
+            fmt::format("a {} of {} floats {} rank {} under tag {} on its channel",
+                        op.send ? "send" : "receive", n, op.send ? "to" : "from", op.peer, c.tag);
+        MPI_Request req = MPI_REQUEST_NULL;
+        MPI_Status status{};
+        if (op.send) {
+          LOCUS_MPI_CHECK(MPI_Issend(op.data, n, MPI_FLOAT, op.peer, 0, c.comm.get(), &req));
+          ++log_->sends;
+        } else {
+          // A longer message fails as truncated (an MpiError on this thread ends the process),
+          // a shorter one shows in the count below.
+          LOCUS_MPI_CHECK(MPI_Irecv(op.data, n, MPI_FLOAT, op.peer, 0, c.comm.get(), &req));
+          ++log_->receives;
+        }
+        complete(req, what, &status);
+        int got = n;
+        if (!op.send) LOCUS_MPI_CHECK(MPI_Get_count(&status, MPI_FLOAT, &got));
+        if (got != n) fail(fmt::format("{}: the message had {} floats", what, got));
       }
-      complete(req, fmt::format("a {} of {} floats {} rank {} under tag {} on its channel",
-                                op.send ? "send" : "receive", n, op.send ? "to" : "from",
-                                op.peer, c.tag));
       finish(op.slot);
     }
   }
 
   // Tests req until done, yielding the core between tests (ranks share the cores in tests).
-  void complete(MPI_Request& req, const std::string& what) const {
+  void complete(MPI_Request& req, const std::string& what,
+                MPI_Status* status = MPI_STATUS_IGNORE) const {
     const auto until = deadline();
     int flag = 0;
     for (;;) {
-      LOCUS_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+      LOCUS_MPI_CHECK(MPI_Test(&req, &flag, status));
       if (flag != 0) return;
       if (std::chrono::steady_clock::now() > until) deadlock(what);
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -299,10 +307,15 @@ class InOrderLink final : public comm::StageLink {
   }
 
   [[noreturn]] void deadlock(const std::string& what) const {
-    std::fprintf(stderr,
-                 "in_order_link: pipeline rank %d of %d waited %.0f s for %s: the pipeline's "
-                 "order deadlocks under the NCCL link's rules\n",
-                 rank_, size_, timeout_s_, what.c_str());
+    fail(fmt::format("waited {:.0f} s for {}: the pipeline's order deadlocks under the NCCL "
+                     "link's rules",
+                     timeout_s_, what));
+  }
+
+  // Ends the job: the channels' threads may sit in MPI calls that cannot be unwound.
+  [[noreturn]] void fail(const std::string& why) const {
+    std::fprintf(stderr, "in_order_link: pipeline rank %d of %d: %s\n", rank_, size_,
+                 why.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 3);
     std::abort();
