@@ -205,6 +205,7 @@ def test_bad_config_values_exit_2(r, tmp):
         (["--train.micro_batches=0"], "train.micro_batches"),
         (["--train.schedule=zb"], "allowed values are 1f1b, gpipe"),
         (["--train.reduction=tree"], "allowed values are auto, flat, hierarchical"),
+        (["--train.device=0"], "train.device = 0 picks a GPU, but train.backend = cpu"),
         (["--model.widths=12,0,4"], "model.widths"),
         (["--optim.warmup_steps=5000"], "optim.warmup_steps = 5000"),
         (["--optim.momentum=0"], "optim.nesterov"),
@@ -217,6 +218,22 @@ def test_bad_config_values_exit_2(r, tmp):
         check((p.stderr + p.stdout).count("error:") == 1,
               f"{args}: the error must be printed once (by rank 0)", p)
     check(not os.path.exists(os.path.join(tmp, "tiny-model.h5")), "a failed run wrote a model")
+
+
+def test_gpu_only_switches_on_the_cpu_are_named(r, tmp):
+    """GPU-only switches set away from their defaults change nothing on the cpu backend: the
+    run goes on and rank 0 names each once; at their defaults nothing is said."""
+    prepare(r, tmp)
+    p = train(r, tmp, "--train.max_steps=20", "--train.graphs=false",
+              "--train.gemm_select=heuristic", "--train.reducer_timeout_s=30")
+    for key in ("train.graphs = false", "train.gemm_select = heuristic",
+                "train.reducer_timeout_s = 30"):
+        expect_exit(p, 0, f"note: {key} applies to train.backend = cuda only")
+        check((p.stdout + p.stderr).count(f"note: {key} ") == 1, f"{key}: named more than once", p)
+    p = train(r, tmp, "--train.max_steps=20")
+    expect_exit(p, 0)
+    check("applies to train.backend = cuda only" not in p.stdout + p.stderr,
+          "a note at the defaults", p)
 
 
 def test_model_must_fit_the_dataset(r, tmp):
@@ -254,5 +271,6 @@ if __name__ == "__main__":
     main([test_trains_writes_model_and_metrics, test_n_ranks_match_one_rank_and_repeat_exactly,
           test_pipeline_stages_train_like_data_parallel,
           test_nodes_layout_and_hierarchical_reduction],
-         once=[test_bad_config_values_exit_2, test_model_must_fit_the_dataset,
+         once=[test_bad_config_values_exit_2, test_gpu_only_switches_on_the_cpu_are_named,
+               test_model_must_fit_the_dataset,
                test_missing_inputs_and_unwritable_outputs, test_help_and_print_config])
