@@ -71,7 +71,9 @@ void TrainSettings::register_options(Config& c) {
         at_least(0));
   c.add("train.batch", batch, "global batch: samples per step over all data-parallel ranks",
         in_range(std::int64_t{1}, std::int64_t{1} << 24));
-  c.add("train.threads", threads, "BLAS threads per rank", in_range(std::int64_t{1}, 256));
+  c.add("train.threads", threads,
+        "BLAS threads per rank (the cpu backend's; the cuda backend computes on the GPU)",
+        in_range(std::int64_t{1}, 256));
   c.add_choice("train.backend", backend, {"cpu", "cuda"},
                "compute backend (cpu: OpenBLAS; cuda: one GPU per rank, cuBLASLt and fused "
                "kernels, in builds with CUDA)");

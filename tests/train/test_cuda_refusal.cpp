@@ -121,7 +121,8 @@ TEST(CudaRefusal, DeviceIndexNeedsTheCudaBackend) {
 }
 
 // Switches that change nothing on the cpu backend are named, each by key and value, only where
-// set away from their defaults, and never on the cuda backend (which uses them).
+// set away from their defaults, and never on the cuda backend (which uses them); the BLAS
+// threads, which only the cpu backend uses, are named on cuda.
 TEST(CudaRefusal, GpuOnlySwitchesTheCpuBackendIgnoresAreNamed) {
   const mpi::Comm world = mpi::Comm::world();
   Data d(world);
@@ -140,6 +141,12 @@ TEST(CudaRefusal, GpuOnlySwitchesTheCpuBackendIgnoresAreNamed) {
                       "cpu backend ignores it (train.watchdog_s bounds its MPI waits)");
   o.compute.backend = "cuda";
   EXPECT_TRUE(unused_settings(o).empty());
+  // The other way round: the host's BLAS threads, which the cuda backend does not use.
+  o.threads = 4;
+  const std::vector<std::string> cuda = unused_settings(o);
+  ASSERT_EQ(cuda.size(), 1u);
+  EXPECT_EQ(cuda[0], "train.threads = 4 sets the host BLAS's threads, which train.backend = "
+                     "cuda does not use: it computes on the GPU");
 }
 
 }  // namespace

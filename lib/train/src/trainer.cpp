@@ -180,6 +180,16 @@ void validate(const TrainOptions& o) {
 
 std::vector<std::string> unused_settings(const TrainOptions& o) {
   std::vector<std::string> notes;
+  if (o.compute.backend == "cuda") {
+    // The host's BLAS serves the cpu backend only (and locus-infer's cpu engine): the cuda
+    // backend's layers, whole-model or a pipeline stage's, are cuBLASLt and kernels.
+    if (o.threads != TrainOptions{}.threads) {
+      notes.push_back(fmt::format("train.threads = {} sets the host BLAS's threads, which "
+                                  "train.backend = cuda does not use: it computes on the GPU",
+                                  o.threads));
+    }
+    return notes;
+  }
   if (o.compute.backend != "cpu") return notes;
   const ComputeOptions defaults;
   const auto unused = [&](const std::string& setting, std::string_view more = {}) {

@@ -77,10 +77,11 @@ struct TrainOptions {
 // them on every rank and agrees on the verdict.
 void validate(const TrainOptions& options);
 
-// The GPU-only settings this job sets away from their defaults but does not use (train.graphs,
-// train.gemm_select, train.reducer_timeout_s on the cpu backend), one sentence each naming the
-// key, for the app to print: switches that change nothing here are named, not refused (a config
-// shared by GPU and CPU runs keeps them), while those that ask for a GPU are refused above.
+// The settings this job sets away from their defaults but does not use (train.graphs,
+// train.gemm_select, train.reducer_timeout_s on the cpu backend; train.threads on cuda), one
+// sentence each naming the key, for the app to print: switches that change nothing here are
+// named, not refused (a config shared by GPU and CPU runs keeps them), while those that ask for
+// a GPU are refused above.
 std::vector<std::string> unused_settings(const TrainOptions& options);
 
 struct TrainSummary {
