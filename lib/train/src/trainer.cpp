@@ -190,8 +190,7 @@ std::vector<std::string> unused_settings(const TrainOptions& o) {
     }
     return notes;
   }
-  if (o.compute.backend != "cpu") return notes;
-  const ComputeOptions defaults;
+  const ComputeOptions defaults;  // the cpu backend: validate() admits no other
   const auto unused = [&](const std::string& setting, std::string_view more = {}) {
     notes.push_back(fmt::format("{} applies to train.backend = cuda only: the cpu backend "
                                 "ignores it{}",
