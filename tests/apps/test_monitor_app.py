@@ -28,14 +28,17 @@ def train_per_rank(r, tmp, *args, env=None):
            '"$0" "$@"; rc=$?; echo "rank-exit $OMPI_COMM_WORLD_RANK $rc"; exit $rc',
            os.path.join(r.bindir, "locus-train"), "--config", CONFIG, *args]
     full_env = dict(os.environ)
-    # Open MPI's default teardown (the survivors get SIGTERM, then 1 s): every rank must get
-    # to print its exit code, which the kill timeout of 0 that test_train_app sets for its own
-    # failing runs would not leave time for.
+    # Every rank's own exit code is what is checked, so mpirun must not end the others when
+    # the first one leaves non-zero (its default): under load the last rank out was still in
+    # its teardown after MPI_Finalize, was killed and never printed its line (CI, stop 36).
+    # A rank that leaves while its peers wait in a collective would hang them: the timeout
+    # turns that into a failure, and a short one, since a run here takes seconds.
     full_env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                     "OPENBLAS_NUM_THREADS": "1", "OMPI_MCA_odls_base_sigkill_timeout": "1"})
+                     "OPENBLAS_NUM_THREADS": "1",
+                     "OMPI_MCA_orte_abort_on_non_zero_status": "0"})
     full_env.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=tmp,
-                          timeout=600)
+                          timeout=180)
 
 
 def rank_exits(p):
@@ -70,7 +73,8 @@ def test_divergence_stops_every_rank_with_exit_3(r, tmp):
     p = train_per_rank(r, tmp, "--optim.lr=1000", "--optim.clip_max_norm=0",
                        "--optim.warmup_steps=0", "--checkpoint.dir=ck",
                        "--checkpoint.every_steps=2", "--train.log_every=1")
-    check(p.returncode == EXIT_DATA, f"exit {p.returncode}, expected {EXIT_DATA}", p)
+    # mpirun itself exits 0 once it no longer aborts on a non-zero rank (Open MPI 4.1): each
+    # rank's own code is the check.
     check(rank_exits(p) == [(k, EXIT_DATA) for k in range(r.ranks)],
           f"every rank exits {EXIT_DATA}: {rank_exits(p)}", p)
     check(p.stderr.count("error: non-finite") == 1, "the stop is printed once (rank 0)", p)
