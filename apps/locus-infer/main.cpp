@@ -1,5 +1,6 @@
 // locus-infer: partitioned batch inference. Ranks take work units dynamically (re-running
 // stragglers' units), score them with a model file or checkpoint and write a prediction file.
+#include <cstdio>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -66,6 +67,10 @@ int main(int argc, char** argv) {
                                      locus::app::default_pipeline_config(),
                                      [&] { opts = settings.to_options(config); })) {
       return locus::exit_code::ok;
+    }
+    if (world.is_root()) {
+      for (const auto& n : locus::infer::unused_settings(opts)) fmt::print("note: {}\n", n);
+      std::fflush(stdout);
     }
     const locus::comm::Watchdog watchdog(settings.watchdog_s, "infer.watchdog_s");
     const auto result = locus::infer::run_inference(world, opts);

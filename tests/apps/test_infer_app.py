@@ -393,7 +393,11 @@ def test_cuda_backend_where_it_cannot_run(r, tmp):
     ingest_csv(r, csv, data)
     model = write_model(os.path.join(tmp, "m.h5"), [12, 8, 4])
     out = os.path.join(tmp, "s.h5")
-    p = infer(r, model, data, out, "--infer.backend=cuda")
+    # The host BLAS's threads do nothing on cuda: named once (rank 0), GPU or not.
+    p = infer(r, model, data, out, "--infer.backend=cuda", "--infer.blas_threads=2")
+    unused = "note: infer.blas_threads = 2 sets the host BLAS's threads, which infer.backend = " \
+             "cuda does not use: it scores on the GPU"
+    check(p.stdout.count(unused) == 1, "infer.blas_threads on cuda is named once", p)
     if p.returncode == 0:
         return  # a GPU host
     expect_exit(p, EXIT_CONFIG, "infer.backend = cuda", "set infer.backend = cpu")
@@ -401,8 +405,9 @@ def test_cuda_backend_where_it_cannot_run(r, tmp):
     check("has no usable GPU" in text or "has no CUDA backend" in text,
           "the message must say whether the build or the host lacks CUDA", p)
     check(no_outputs(out), "nothing may be published", p)
-    p = infer(r, model, data, out, "--infer.precision=bf16")
+    p = infer(r, model, data, out, "--infer.precision=bf16", "--infer.blas_threads=2")
     expect_exit(p, EXIT_CONFIG, "infer.precision = bf16", "set infer.precision = fp32")
+    check("infer.blas_threads" not in p.stdout + p.stderr, "the cpu backend uses it: no note", p)
     check(no_outputs(out), "nothing may be published", p)
     p = infer(r, model, data, out, "--infer.device=0")
     expect_exit(p, EXIT_CONFIG, "infer.device = 0 picks a GPU, but infer.backend = cpu",

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <string>
+#include <vector>
 
 #include "agreed_error.hpp"
 #include "locus/config.hpp"
@@ -75,6 +76,21 @@ TEST(InferBackend, BadPrecisionOrBackendIsAnAgreedConfigError) {
   message = test::agreed_error<ConfigError>([&] { infer::run_inference(world, o); });
   EXPECT_NE(message.find("infer.backend = 'tpu' is unknown"), std::string::npos) << message;
   EXPECT_FALSE(exists(o.output));
+}
+
+// infer.blas_threads sets the host BLAS, which only the cpu engine uses: named on cuda (not
+// refused: a config shared by CPU and GPU runs keeps it), silent at its default and on cpu.
+TEST(InferBackend, BlasThreadsOnTheCudaBackendIsNamedAsUnused) {
+  infer::InferOptions o;
+  EXPECT_TRUE(infer::unused_settings(o).empty());
+  o.blas_threads = 4;
+  EXPECT_TRUE(infer::unused_settings(o).empty()) << "the cpu engine uses it";
+  o.backend = "cuda";
+  EXPECT_EQ(infer::unused_settings(o),
+            std::vector<std::string>{"infer.blas_threads = 4 sets the host BLAS's threads, which "
+                                     "infer.backend = cuda does not use: it scores on the GPU"});
+  o.blas_threads = 1;
+  EXPECT_TRUE(infer::unused_settings(o).empty());
 }
 
 // A GPU index asks for a GPU: on the cpu backend it is refused before the model or the input is

@@ -243,6 +243,18 @@ Scored run_incremental(Job& job, std::uint64_t& begin) {
 
 }  // namespace
 
+std::vector<std::string> unused_settings(const InferOptions& o) {
+  std::vector<std::string> notes;
+  // The cuda engine's products are cuBLASLt and its softmax, argmax and top-k are kernels: the
+  // host's BLAS serves the cpu engine only.
+  if (o.backend == "cuda" && o.blas_threads != InferOptions{}.blas_threads) {
+    notes.push_back(fmt::format("infer.blas_threads = {} sets the host BLAS's threads, which "
+                                "infer.backend = cuda does not use: it scores on the GPU",
+                                o.blas_threads));
+  }
+  return notes;
+}
+
 std::uint64_t choose_unit_rows(std::uint64_t chunk_rows, std::uint64_t batch_rows,
                                std::uint64_t target) {
   chunk_rows = std::max<std::uint64_t>(chunk_rows, 1);

@@ -116,6 +116,11 @@ struct InferResult {
 // written; an incremental run advances the watermark only after its rows are durable.
 InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts);
 
+// The settings this job sets away from their defaults but does not use (infer.blas_threads on
+// the cuda backend), one sentence each naming the key, for the app to print: named, not refused,
+// as train::unused_settings does (settings that ask for a GPU on the cpu backend are refused).
+std::vector<std::string> unused_settings(const InferOptions& opts);
+
 // The JSON report of a result (what run_inference writes to opts.report).
 std::string report_json(const InferOptions& opts, const InferResult& r);
 
