@@ -38,11 +38,15 @@ def stop(proc):
 
 
 def contents(ck):
-    """File name -> bytes of every file in the directory."""
+    """File name -> bytes of every file in the directory. The holder goes on writing: a
+    temporary file renamed between the listing and its read is left out."""
     out = {}
     for name in sorted(os.listdir(ck)):
-        with open(os.path.join(ck, name), "rb") as f:
-            out[name] = f.read()
+        try:
+            with open(os.path.join(ck, name), "rb") as f:
+                out[name] = f.read()
+        except FileNotFoundError:
+            continue
     return out
 
 

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -60,11 +61,12 @@ std::map<std::string, std::string> snapshot(const std::string& dir) {
 
 // Runs acquire and returns the agreed ConfigError's message ("" when it succeeded).
 std::string refusal(const std::string& dir, const std::string& run, double wait_s = 0,
-                    std::string* said = nullptr) {
+                    std::string* said = nullptr, std::atomic<bool>* announced = nullptr) {
   try {
     CheckpointDirLock l = CheckpointDirLock::acquire(
         world(), dir, run, wait_s, [&](const std::string& line) {
           if (said != nullptr) *said += line;
+          if (announced != nullptr) announced->store(true);
         });
     return "";
   } catch (const ConfigError& e) {
@@ -200,13 +202,18 @@ TEST(CheckpointLock, RequeuedJobWaitsForItsPredecessor) {
     EXPECT_EQ(said, "") << "another job must not wait";
   }
   ::setenv("SLURM_JOB_ID", "4242", 1);
-  // The predecessor goes away while the new instance waits.
+  // The predecessor goes away while the new instance waits: rank 0, which holds the lock,
+  // releases it once the wait was announced (10 s at most), however late a loaded machine lets
+  // the main thread reach the lock.
+  std::atomic<bool> announced{false};
   std::thread predecessor([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    for (int i = 0; i < 1000 && world().is_root() && !announced.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     first = CheckpointDirLock();
   });
   said.clear();
-  EXPECT_EQ(refusal(dir, "run-b", 600, &said), "");
+  EXPECT_EQ(refusal(dir, "run-b", 600, &said, &announced), "");
   predecessor.join();
   if (world().is_root()) {
     EXPECT_NE(said, "") << "the wait was not announced";

@@ -36,10 +36,10 @@ class TrainerPrefetch : public WorldDataSuite {
     o.model.dropout = 0.2f;  // masks keyed by the step and sample ids the copy carries
     return o;
   }
-  // The options of a run through the model, which logs to `log`. A 2 ms step keeps the paced
+  // The options of a run through the model, which logs to `log`. A 5 ms step keeps the paced
   // producer ahead (it gathers these batches in microseconds), as it is ahead of a device.
   static TrainOptions through_model(TrainOptions o, const std::shared_ptr<InputLog>& log) {
-    o.compute.factory = async_input_factory(world(), log, {.step_delay = 2ms});
+    o.compute.factory = async_input_factory(world(), log, {.step_delay = 5ms});
     return o;
   }
 };
@@ -99,7 +99,7 @@ TEST_P(EveryShuffle, CopiesAheadAreTheBatchesTheStepsGet) {
   EXPECT_EQ(log->wasted, 0);
   EXPECT_EQ(log->dropped, 0);
   EXPECT_EQ(log->used, log->prefetched);
-  // The producer is ahead of each 2 ms step: most steps find their inputs there, and some
+  // The producer is ahead of each 5 ms step: most steps find their inputs there, and some
   // epochs' first batches were copied during the epoch before (all 3 unless a busy machine
   // kept the producer from running for a whole step).
   EXPECT_GE(log->used, planned / 2) << "of " << planned << " steps";
