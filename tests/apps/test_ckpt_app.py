@@ -55,6 +55,9 @@ def test_list_verify_inspect(r, tmp):
                 "verification: FAILED")
     expect_exit(ckpt(r, tmp, "verify", "nowhere"), EXIT_DATA, "'nowhere' does not exist")
     expect_exit(ckpt(r, tmp, "frobnicate"), EXIT_USAGE, "unknown command 'frobnicate'")
+    # No command: the usage on stdout, written before any rank leaves (mpirun ends the others
+    # at once when one exits non-zero here).
+    expect_exit(ckpt(r, tmp), EXIT_USAGE, "usage: locus-ckpt COMMAND", "Exit codes:")
     expect_exit(ckpt(r, tmp, "diff", "a"), EXIT_USAGE, "takes 2 operands")
 
 

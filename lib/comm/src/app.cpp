@@ -45,6 +45,10 @@ int run_app(int argc, char** argv, const std::function<int(mpi::Comm&)>& body,
     } catch (const std::exception& e) {
       abort_job(e.what(), exit_code::internal);
     }
+    // What the body printed goes out before MPI_Finalize: once a peer has exited non-zero,
+    // mpirun ends the ranks still in their teardown, and a buffered stdout would be lost.
+    std::fflush(stdout);
+    std::fflush(stderr);
   } catch (const std::exception& e) {  // MPI could not even start
     std::fprintf(stderr, "error: %s\n", e.what());
     return exit_code::internal;
