@@ -31,7 +31,9 @@ void InferSettings::register_options(Config& c) {
                "scores the r-th block of units, no speculation (a benchmark baseline)");
   c.add("infer.speculate", speculate,
         "when no unit is left, re-run units still in flight on slower ranks");
-  c.add("infer.blas_threads", blas_threads, "BLAS threads per rank (same on every rank)",
+  c.add("infer.blas_threads", blas_threads,
+        "BLAS threads per rank (same on every rank; the cpu backend's: the cuda backend scores "
+        "on the GPU)",
         in_range(std::int64_t{1}, std::int64_t{1024}));
   add_watchdog_option(c, "infer.watchdog_s", watchdog_s);
   c.add_choice("infer.backend", backend, {"cpu", "cuda"},
