@@ -9,15 +9,29 @@
 #   2. run the real locus-train (--train.backend=cuda) and locus-infer (--infer.backend=cuda) in
 #      GPU jobs: on this GPU-less host each ends its job with exit 2 (a configuration error, not
 #      requeued), its message naming CUDA_VISIBLE_DEVICES and the GPUs Slurm gave the job;
+#      (a build without CUDA refuses too, exit 2, its message saying the build has no CUDA);
 #   3. a request beyond the node's GPUs (--gres=gpu:3) is refused at submission.
-#   test_slurm_gpu_gres.sh APPS_DIR      (the directory holding locus-train, locus-infer)
+#   test_slurm_gpu_gres.sh APPS_DIR cuda|no-cuda   (the directory holding locus-train and
+#                                                   locus-infer, and whether they have CUDA)
 set -euo pipefail
 # shellcheck source=scripts/slurm-lib.sh
 . "$(dirname "$0")/../../scripts/slurm-lib.sh"
 # shellcheck source=tests/slurm/locus-jobs-lib.sh
 . "$(dirname "$0")/locus-jobs-lib.sh"
 
-apps=$(cd "${1:?usage: $0 APPS_DIR}" && pwd)
+apps=$(cd "${1:?usage: $0 APPS_DIR cuda|no-cuda}" && pwd)
+build_kind=${2:?usage: $0 APPS_DIR cuda|no-cuda}
+# What each refusal must say: on a CUDA build, the GPUs Slurm gave the job (no device seen);
+# without CUDA, that the build has none.
+case $build_kind in
+  cuda)
+    train_refusal="train.backend = cuda, but host .*CUDA_VISIBLE_DEVICES=0,1; Slurm's SLURM_.*GPUS=0,1"
+    infer_refusal="infer.backend = cuda, but host .*CUDA_VISIBLE_DEVICES=0; Slurm's SLURM_.*GPUS=0" ;;
+  no-cuda)
+    train_refusal="train.backend = cuda is not available here; available: cpu (this build has no CUDA backend"
+    infer_refusal="infer.backend = cuda, but this build of locus has no CUDA backend" ;;
+  *) echo "$0: the second argument is cuda or no-cuda, not '$build_kind'" >&2; exit 2 ;;
+esac
 slurm_cluster_setup --gpus 2
 cd "$LSC_WORK"
 
@@ -71,8 +85,8 @@ job=$(LOCUS_BIN=$apps slurm_submit -o train.log --ntasks=2 --gres=gpu:2 \
 read -r state code <<< "$(wait_end "$job")"
 [ "$state" = FAILED ] && [ "${code%%:*}" = 2 ] ||
   slurm_fail "locus-train in a GPU job: ended $state ($code), expected FAILED with exit 2: $(cat train.log)"
-grep -q "train.backend = cuda, but host .*CUDA_VISIBLE_DEVICES=0,1; Slurm's SLURM_.*GPUS=0,1" train.log ||
-  slurm_fail "locus-train's refusal does not name the GPUs it was given: $(cat train.log)"
+grep -q "$train_refusal" train.log ||
+  slurm_fail "locus-train's refusal ($build_kind build) does not say '$train_refusal': $(cat train.log)"
 [ "$(slurm_job_field "$job" Restarts)" = 0 ] || slurm_fail "the configuration error was requeued"
 [ ! -e model.h5 ] || slurm_fail "a model was written"
 
@@ -82,10 +96,10 @@ job=$(LOCUS_BIN=$apps LOCUS_LAUNCHER=srun slurm_submit -o infer.log --ntasks=1 -
 read -r state code <<< "$(wait_end "$job")"
 [ "$state" = FAILED ] && [ "${code%%:*}" = 2 ] ||
   slurm_fail "locus-infer in a GPU job: ended $state ($code), expected FAILED with exit 2: $(cat infer.log)"
-grep -q "infer.backend = cuda, but host .*CUDA_VISIBLE_DEVICES=0; Slurm's SLURM_.*GPUS=0" infer.log ||
-  slurm_fail "locus-infer's refusal does not name the GPU it was given: $(cat infer.log)"
+grep -q "$infer_refusal" infer.log ||
+  slurm_fail "locus-infer's refusal ($build_kind build) does not say '$infer_refusal': $(cat infer.log)"
 [ ! -e pred.h5 ] || slurm_fail "a prediction file was written"
-slurm_log "locus-train and locus-infer in GPU jobs: exit 2 naming the GPUs they were given"
+slurm_log "locus-train and locus-infer in GPU jobs ($build_kind build): exit 2, the refusal saying why"
 
 # 3. More GPUs than a node has: refused when submitted, nothing queued.
 if out=$(sbatch --parsable --ntasks=1 --gres=gpu:3 "$LOCUS_REPO/slurm/train.sbatch" 2>&1); then
