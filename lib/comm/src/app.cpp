@@ -23,8 +23,7 @@ int exit_code_for(ErrorKind kind) noexcept {
   std::fprintf(stderr, "[rank %d/%d %s] error: %s\n", mpi::world_rank(), mpi::world_size(),
                mpi::hostname().c_str(), what.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);  // MPI_Abort should not return
+  mpi::abort(MPI_COMM_WORLD, code);
 }
 
 int run_app(int argc, char** argv, const std::function<int(mpi::Comm&)>& body,

@@ -3,9 +3,14 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include <fmt/format.h>
+
+#ifdef LOCUS_COVERAGE
+extern "C" void __gcov_dump(void);  // libgcov (gcc >= 11)
+#endif
 
 namespace locus::mpi {
 
@@ -127,6 +132,14 @@ std::string hostname() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "?";
   return buf;
+}
+
+void abort(MPI_Comm comm, int code) noexcept {
+#ifdef LOCUS_COVERAGE
+  __gcov_dump();
+#endif
+  MPI_Abort(comm, code);
+  std::_Exit(code);  // MPI_Abort should not return
 }
 
 }  // namespace locus::mpi

@@ -58,8 +58,7 @@ std::atomic<int> g_fire_code{exit_code::internal};
   // first, each other rank half a second later per rank (at most 4 s), by when the first
   // abort has usually ended it.
   std::this_thread::sleep_for(std::chrono::milliseconds(500) * std::min(mpi::world_rank(), 8));
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
+  mpi::abort(MPI_COMM_WORLD, code);
 }
 
 std::string message_for(const Watchdog::State& s, double idle_s, const std::string& what,

@@ -343,7 +343,7 @@ WriteOutcome write_checkpoint_file(const mpi::Comm& comm, const std::string& pat
         std::fprintf(stderr, "error: %s\n", e.what());
         std::fflush(stderr);
       }
-      MPI_Abort(comm.get(), exit_code::io);
+      mpi::abort(comm.get(), exit_code::io);
     }
     // Agreed: every rank is here, so the collective close is safe (its own errors are moot).
     if (e.agreed() && file && file->is_open()) {

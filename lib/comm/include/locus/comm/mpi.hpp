@@ -101,4 +101,9 @@ int world_rank() noexcept;
 int world_size() noexcept;
 std::string hostname();
 
+// MPI_Abort(comm, code), which does not return: the one way a locus process ends the job
+// abnormally. A coverage build (-DLOCUS_COVERAGE=ON) first writes the process's counters, which
+// only a normal exit would write.
+[[noreturn]] void abort(MPI_Comm comm, int code) noexcept;
+
 }  // namespace locus::mpi
