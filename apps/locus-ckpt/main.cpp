@@ -52,7 +52,10 @@ int ckpt_main(mpi::Comm& world, int argc, char** argv) {
     for (std::size_t i = 0; i < args.size(); ++i) {
       if (args[i].rfind("--tolerance=", 0) == 0) {
         tolerance = parse_tolerance(args[i].substr(12));
-      } else if (args[i] == "--tolerance" && i + 1 < args.size()) {
+      } else if (args[i] == "--tolerance") {
+        if (i + 1 == args.size()) {
+          throw ConfigError("--tolerance needs a value: diff A B --tolerance X (X >= 0)");
+        }
         tolerance = parse_tolerance(args[++i]);
       } else if (args[i].rfind("--", 0) == 0) {
         throw ConfigError(fmt::format("unknown option '{}'\n{}", args[i], kUsage));

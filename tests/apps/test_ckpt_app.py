@@ -1,7 +1,7 @@
 """End-to-end tests of locus-ckpt under mpiexec: list (with verification and the latest
 marker), verify (exit 3 naming the damaged tensor), inspect, export (a model file with the
 checkpoint's tensors, as locus-infer reads it) and diff (bitwise, with a tolerance, exit 1 when
-different), on checkpoints written by configs/tiny.ini runs."""
+different), on checkpoints written by configs/tiny.ini runs; bad command lines (exit 2)."""
 import os
 import shutil
 
@@ -91,6 +91,8 @@ def test_diff(r, tmp):
     expect_exit(p, EXIT_DIFFER, "different: 12 of 12 tensors", "counters: A at step 80")
     expect_exit(ckpt(r, tmp, "diff", "--tolerance=100", "ck/ckpt-00000080.h5",
                      "ck/ckpt-00000120.h5"), 0, "same: every tensor within 100")
+    expect_exit(ckpt(r, tmp, "diff", "ck/ckpt-00000080.h5", "--tolerance", "100",
+                     "ck/ckpt-00000120.h5"), 0, "same: every tensor within 100")
     # One ulp in one element: found bitwise, ignored with a tolerance.
     with h5py.File(os.path.join(tmp, "copy.h5"), "r+") as f:
         w = f["model/layers.2.bias"]
@@ -102,5 +104,29 @@ def test_diff(r, tmp):
     expect_exit(p, EXIT_DATA, "model/layers.2.bias", "does not match its digest")
 
 
+def test_usage_errors(r, tmp):
+    """Bad command lines and operands: exit 2 (3 for a path that holds no checkpoint), a
+    message naming what was wrong, nothing written."""
+    for bad in ("abc", "-1", "nan", "inf", "1e999", ""):
+        expect_exit(ckpt(r, tmp, "diff", f"--tolerance={bad}", "a.h5", "b.h5"), EXIT_USAGE,
+                    f"--tolerance '{bad}' is not a non-negative number")
+    expect_exit(ckpt(r, tmp, "diff", "a.h5", "b.h5", "--tolerance"), EXIT_USAGE,
+                "--tolerance needs a value")
+    expect_exit(ckpt(r, tmp, "verify", "--tolerance", "0.5", "a.h5"), EXIT_USAGE,
+                "--tolerance applies to diff only")
+    expect_exit(ckpt(r, tmp, "list", "--all", "ck"), EXIT_USAGE, "unknown option '--all'",
+                "usage: locus-ckpt COMMAND")
+    expect_exit(ckpt(r, tmp, "inspect", "a.h5", "b.h5"), EXIT_USAGE, "'inspect' takes 1 operand, got 2")
+    os.mkdir(os.path.join(tmp, "empty"))
+    expect_exit(ckpt(r, tmp, "verify", "empty"), EXIT_DATA,
+                "'empty' holds no checkpoints (ckpt-<step>.h5)")
+    with open(os.path.join(tmp, "plain.txt"), "w") as f:
+        f.write("not a directory\n")
+    expect_exit(ckpt(r, tmp, "list", "plain.txt"), EXIT_DATA,
+                "'plain.txt' is not a directory: give a checkpoint.dir")
+    check(sorted(os.listdir(tmp)) == ["empty", "plain.txt"], f"files written: {os.listdir(tmp)}")
+
+
 if __name__ == "__main__":
-    main([test_list_verify_inspect, test_export_is_a_model_file], once=[test_diff])
+    main([test_list_verify_inspect, test_export_is_a_model_file],
+         once=[test_diff, test_usage_errors])

@@ -1,9 +1,13 @@
 // Collective row I/O round trips at any rank count, asserting HDF5 really did the transfer
-// collectively; attributes; extendible datasets; clear errors for missing files/datasets.
+// collectively; attributes; extendible datasets; clear errors for missing files/datasets and
+// failed HDF5 calls (with HDF5's error stack).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "locus/io/attribute.hpp"
 #include "locus/io/dataset.hpp"
@@ -212,6 +216,35 @@ TEST(Errors, MissingFileAndDatasetAreClearDataErrorsOnEveryRank) {
     FAIL() << "expected DataError";
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("/features"), std::string::npos);
+  }
+}
+
+// A failed HDF5 call under LOCUS_H5_CHECK: an H5Error naming the call, its file:line and rank,
+// with HDF5's own error stack appended (auto-printing is off, so that is the only report), and
+// the stack cleared for the next call.
+TEST(Errors, AFailedHdf5CallIsAnH5ErrorWithTheCallAndHdf5sStack) {
+  mpi::Comm world = mpi::Comm::world();
+  test::SharedTmpDir dir(world);
+  File f = File::create(world, dir.file("stack.h5"));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int line = __LINE__ + 2;
+    try {
+      LOCUS_H5_CHECK(H5Gopen2(f.id(), "no_such_group", H5P_DEFAULT));
+      FAIL() << "opening a missing group must fail";
+    } catch (const H5Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("H5Gopen2(f.id(), \"no_such_group\", H5P_DEFAULT) failed at "),
+                std::string::npos) << what;
+      EXPECT_NE(what.find(fmt::format("test_dataset.cpp:{} (rank {}/{}", line, world.rank(),
+                                      world.size())),
+                std::string::npos) << what;
+      EXPECT_NE(what.find("; HDF5 error stack:\n  #000 "), std::string::npos) << what;
+      EXPECT_NE(what.find("in H5Gopen2()"), std::string::npos) << what;
+      EXPECT_NE(what.find("no_such_group"), std::string::npos) << what;
+      // Cleared: the second attempt's message holds one stack, not two.
+      EXPECT_EQ(what.find("#000", what.find("#000") + 1), std::string::npos) << what;
+      EXPECT_FALSE(e.agreed());
+    }
   }
 }
 

@@ -2,7 +2,8 @@
 // world size and read at another, tensor digests equal to a serial zlib CRC-32, damage found
 // (a flipped bit in a tensor or in the attributes, a newer format), the commit and retention
 // rules of a directory, a write over the time budget abandoned and a failing write (file size
-// limit, unwritable directory) that leaves the previous checkpoint and the pointer intact.
+// limit, unwritable directory) that leaves the previous checkpoint and the pointer intact, and a
+// checkpoint rewritten by h5repack (chunked, compressed) read bitwise through HDF5.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <zlib.h>
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -246,6 +248,47 @@ TEST_F(CheckpointFile, AnotherModelOrOptimizerIsRefused) {
     EXPECT_NE(std::string(e.what()).find("optim.optimizer = adamw"), std::string::npos)
         << e.what();
   }
+}
+
+// A checkpoint whose tensors are no longer contiguous -- rewritten by h5repack with gzip, as a
+// user archiving it might -- is read through HDF5 (pieces of about 1 MiB) instead of by offset,
+// still checked against its digests and bitwise what was saved, at every world size.
+TEST_F(CheckpointFile, RepackedAndCompressedIsReadThroughHdf5Bitwise) {
+  const locus::test::SharedTmpDir dir(world());
+  ModelSpec spec;
+  spec.widths = {1024, 600, 5};  // layers.0.weight: 600 rows of 4 KiB, several pieces a rank
+  spec.seed = 5;
+  OptimizerOptions o;
+  o.kind = OptimizerKind::adamw;
+  TrainState s(spec, o);
+  fill_state(s, 9);
+  s.optimizer->set_steps(41);
+  s.step = 41;
+  s.epoch = 2;
+  s.step_in_epoch = 5;
+  CheckpointMeta m = make_meta(s, "run-repack");
+  m.model = s.model.spec();
+  const std::string path = dir.file("plain.h5"), packed = dir.file("packed.h5");
+  ASSERT_EQ(write_checkpoint_file(world(), path, data_of(s, m)), WriteOutcome::written);
+  if (world().is_root()) {
+    const std::string cmd = fmt::format("h5repack -f GZIP=1 '{}' '{}'", path, packed);
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed (h5repack: Debian's hdf5-tools)";
+    h5::init();
+    h5::Id f(H5Fopen(packed.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    ASSERT_TRUE(f);
+    h5::Id ds(H5Dopen2(f.get(), "model/layers.0.weight", H5P_DEFAULT));
+    ASSERT_TRUE(ds);
+    h5::Id plist(H5Dget_create_plist(ds.get()));
+    EXPECT_EQ(H5Pget_layout(plist.get()), H5D_CHUNKED) << "h5repack left the tensor contiguous";
+  }
+  world().barrier();
+
+  TrainState back = fresh_like(s);
+  const CheckpointMeta meta = load_checkpoint(world(), packed, back);
+  expect_same_state(s, back);
+  EXPECT_EQ(meta_text(meta), meta_text(m));
+  const VerifyReport r = verify_checkpoint(world(), packed);
+  EXPECT_TRUE(r.ok) << r.problem;
 }
 
 std::vector<std::string> names_in(const std::string& dir) {

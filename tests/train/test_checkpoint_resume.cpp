@@ -2,7 +2,8 @@
 // and stopped at step 1, mid-epoch or at an epoch end, then resumed by a new trainer with
 // --resume=auto, ends bitwise where an uninterrupted run ends (weights, optimizer state and
 // every step's loss), for SGD and AdamW; a signal on one rank stops every rank at one step;
-// background saves change nothing; a damaged newest checkpoint is skipped; a failed save leaves
+// background saves change nothing; a damaged newest checkpoint (tensors or metadata) is skipped,
+// and so are the checkpoints of a run that --resume=none replaced; a failed save leaves
 // training intact; incompatible checkpoints are refused with what differs.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -10,8 +11,13 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 
+#include <fmt/format.h>
+
+#include "locus/io/attribute.hpp"
+#include "locus/io/h5.hpp"
 #include "locus/train/checkpoint/preempt.hpp"
 #include "shared_tmpdir.hpp"
 #include "test_checkpoint_util.hpp"
@@ -20,7 +26,7 @@ namespace locus::train::test {
 namespace {
 
 class CheckpointResume : public CheckpointSuite {
- protected:
+ public:
   static TrainOptions sgd() {
     TrainOptions o = small_options(data());
     o.model.dropout = 0.2f;
@@ -222,8 +228,12 @@ void damage(const std::string& path, std::span<const float> tensor_bytes) {
   world().barrier();
 }
 
-TEST_F(CheckpointResume, AutoSkipsADamagedNewestCheckpoint) {
-  const TrainOptions o = sgd();
+// A run checkpointed at steps 5 and 11; `damage` then spoils the newest checkpoint (given the
+// trainer that wrote it). --resume=auto must skip it with a reason naming `why` and end bitwise
+// where an uninterrupted run ends, from step 5.
+void expect_resume_past_a_damaged_newest(
+    const std::string& why, const std::function<void(const std::string&, const Trainer&)>& damage) {
+  const TrainOptions o = CheckpointResume::sgd();
   const Outcome want = straight_run(world(), o);
   const locus::test::SharedTmpDir dir(world());
   const Grid grid(world(), 1);
@@ -238,7 +248,7 @@ TEST_F(CheckpointResume, AutoSkipsADamagedNewestCheckpoint) {
     t.train(&rec, 11, &c);
     c.save_now();
     got.steps.assign(rec.steps.begin(), rec.steps.begin() + 5);
-    damage(dir.file(checkpoint_file_name(11)), t.state().model.params().subspan(0, 16));
+    damage(dir.file(checkpoint_file_name(11)), t);
   }
   Trainer t(grid, o);
   Checkpointer c(t, checkpoint_options(dir.path()), "");
@@ -246,14 +256,87 @@ TEST_F(CheckpointResume, AutoSkipsADamagedNewestCheckpoint) {
   EXPECT_EQ(r.meta.step, 5);
   ASSERT_EQ(r.skipped.size(), 1u);
   EXPECT_NE(r.skipped[0].find("ckpt-00000011.h5"), std::string::npos) << r.skipped[0];
-  EXPECT_NE(r.skipped[0].find("model/layers.0.weight"), std::string::npos) << r.skipped[0];
+  EXPECT_NE(r.skipped[0].find(why), std::string::npos) << r.skipped[0];
   Recorder rec;
   t.train(&rec, -1, &c);
   got.steps.insert(got.steps.end(), rec.steps.begin(), rec.steps.end());
   add_state(got, t.state());
-  expect_bitwise(got, want, "resumed past a damaged checkpoint");
+  expect_bitwise(got, want, "resumed past a damaged checkpoint (" + why + ")");
   // The abandoned branch (step 11) is retired by the first new checkpoint.
   EXPECT_FALSE(std::filesystem::exists(dir.file(checkpoint_file_name(11))));
+}
+
+// A flipped bit in a tensor: found by its digest when the tensors are read.
+TEST_F(CheckpointResume, AutoSkipsADamagedNewestCheckpoint) {
+  expect_resume_past_a_damaged_newest(
+      "model/layers.0.weight", [](const std::string& path, const Trainer& t) {
+        damage(path, t.state().model.params().subspan(0, 16));
+      });
+}
+
+// An attribute edited, so the metadata no longer matches its digest: found before any tensor
+// is read.
+TEST_F(CheckpointResume, AutoSkipsANewestCheckpointWithDamagedMetadata) {
+  expect_resume_past_a_damaged_newest(
+      "do not match their digest", [](const std::string& path, const Trainer&) {
+        if (world().is_root()) {
+          h5::init();
+          h5::Id f(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+          ASSERT_TRUE(f);
+          h5::write_attr(f.get(), "step", std::int64_t{12});
+        }
+        world().barrier();
+      });
+}
+
+// A job restarted with --resume=none, then preempted before its first checkpoint and requeued
+// with --resume=auto, must not take up the run it replaced: the pointer names the new run, so
+// the old run's checkpoints are skipped (each named, with both runs) and training starts over.
+TEST_F(CheckpointResume, AutoDoesNotTakeUpTheRunThatResumeNoneReplaced) {
+  const TrainOptions o = sgd();
+  const locus::test::SharedTmpDir dir(world());
+  const Grid grid(world(), 1);
+  std::string old_run, new_run;
+  {
+    Trainer t(grid, o);
+    Checkpointer c(t, checkpoint_options(dir.path()), "");
+    c.resume("none");
+    old_run = c.run_id();
+    t.train(nullptr, 20, &c);  // saves at the epoch end (15)
+    c.save_now();
+  }
+  {
+    Trainer t(grid, o);
+    Checkpointer c(t, checkpoint_options(dir.path()), "");
+    c.resume("none");
+    new_run = c.run_id();
+    t.train(nullptr, 3, nullptr);  // preempted before its first checkpoint
+  }
+  Trainer t(grid, o);
+  Checkpointer c(t, checkpoint_options(dir.path()), "");
+  const ResumeResult r = c.resume("auto");
+  EXPECT_FALSE(r.resumed);
+  EXPECT_EQ(t.state().step, 0);
+  ASSERT_EQ(r.skipped.size(), 2u);  // steps 20 and 15
+  for (const std::string& s : r.skipped) {
+    EXPECT_NE(s.find(fmt::format("belongs to run {}, not to the latest run {}", old_run, new_run)),
+              std::string::npos) << s;
+  }
+  // Starting over is a run of its own, as --resume=none would have begun.
+  EXPECT_NE(c.run_id(), old_run);
+  EXPECT_EQ(read_latest(dir.path()).run_id, c.run_id());
+}
+
+// --resume=auto without a checkpoint.dir has nothing to look in: a new run, nothing resumed.
+TEST_F(CheckpointResume, AutoWithoutACheckpointDirStartsFromScratch) {
+  const Grid grid(world(), 1);
+  Trainer t(grid, sgd());
+  Checkpointer c(t, checkpoint_options(""), "");
+  const ResumeResult r = c.resume("auto");
+  EXPECT_FALSE(r.resumed);
+  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_FALSE(c.run_id().empty());
+  EXPECT_EQ(t.state().step, 0);
 }
 
 TEST_F(CheckpointResume, FailedSaveLeavesTrainingIntact) {

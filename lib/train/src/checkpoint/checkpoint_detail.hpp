@@ -31,9 +31,6 @@ std::vector<TensorSlot> tensor_slots(const ParamLayout& layout,
 
 // zlib CRC-32 of bytes (any length).
 std::uint32_t crc32_of(std::span<const std::byte> bytes);
-// Collective over comm: the CRC-32 of the concatenation of every rank's bytes in rank order,
-// given each rank's CRC and length (zlib's crc32_combine), identical on every rank.
-std::uint32_t combine_crc(const mpi::Comm& comm, std::uint32_t local, std::uint64_t length);
 
 // Collective over the file's communicator: the root attributes of m, meta_crc32 last.
 void write_meta(hid_t root, const CheckpointMeta& m);

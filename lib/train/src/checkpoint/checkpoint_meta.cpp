@@ -44,18 +44,6 @@ std::uint32_t crc32_of(std::span<const std::byte> bytes) {
   return static_cast<std::uint32_t>(crc);
 }
 
-std::uint32_t combine_crc(const mpi::Comm& comm, std::uint32_t local, std::uint64_t length) {
-  const std::uint64_t mine[2] = {local, length};
-  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(comm.size()));
-  LOCUS_MPI_CHECK(MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm.get()));
-  uLong crc = ::crc32_z(0L, Z_NULL, 0);
-  for (std::size_t r = 0; r < all.size(); r += 2) {
-    if (all[r + 1] == 0) continue;
-    crc = ::crc32_combine(crc, static_cast<uLong>(all[r]), static_cast<z_off_t>(all[r + 1]));
-  }
-  return static_cast<std::uint32_t>(crc);
-}
-
 std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h) {
   for (const char c : bytes) {
     h ^= static_cast<unsigned char>(c);

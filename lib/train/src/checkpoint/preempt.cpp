@@ -114,6 +114,5 @@ PreemptSignals::~PreemptSignals() {
 }
 
 int PreemptSignals::pending() noexcept { return static_cast<int>(g_pending); }
-void PreemptSignals::clear() noexcept { g_pending = 0; }
 
 }  // namespace locus::train

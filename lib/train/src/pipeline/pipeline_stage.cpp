@@ -51,10 +51,6 @@ StagePartition checked_partition(const Grid& grid, const ModelSpec& spec,
 
 }  // namespace
 
-double PipelineStepStats::bubble_fraction() const noexcept {
-  return pipeline_s > 0 ? std::clamp(1.0 - busy_s / pipeline_s, 0.0, 1.0) : 0.0;
-}
-
 PipelineStage::Impl::Impl(const Grid& grid, const ModelSpec& s, Loss l,
                           const PipelineOptions& options, const OpsFactory& make_ops)
     : spec(s),

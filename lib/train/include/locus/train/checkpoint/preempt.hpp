@@ -26,9 +26,8 @@ class PreemptSignals {
   PreemptSignals(const PreemptSignals&) = delete;
   PreemptSignals& operator=(const PreemptSignals&) = delete;
 
-  // The last handled signal of this process (0: none since the last clear()).
+  // The last handled signal of this process (0: none since the handlers were installed).
   static int pending() noexcept;
-  static void clear() noexcept;
 
   // From destruction on the signals are ignored instead of getting their previous
   // dispositions back: a process that checkpointed and is leaving with exit 75 must not be

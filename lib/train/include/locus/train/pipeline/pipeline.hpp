@@ -125,8 +125,6 @@ struct PipelineStepStats {
   double reduce_s = 0;                    // inside the gradient all-reduce's finish()
   std::size_t peak_activation_bytes = 0;  // stored activations + their receive buffers
   int peak_live_micro_batches = 0;
-  // Idle share of this stage's pipeline phase: 1 - busy / pipeline.
-  double bubble_fraction() const noexcept;
 };
 
 // Buffers of this stage's parameters and gradients: the [range.begin, range.end) slice of the
