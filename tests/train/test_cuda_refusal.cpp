@@ -2,13 +2,16 @@
 // the CI machines), train.backend = cuda is a ConfigError agreed on every rank (exit 2) that
 // names what is available (skipped where a device exists), with or without pipeline stages and
 // micro-batches (which the cuda backend runs where it can); the GPU-only
-// loader.device_cache_mb, loader.gather = device and train.device are refused for the cpu
-// backend everywhere, and the GPU-only switches it would ignore are named.
+// loader.device_cache_mb, loader.gather = device, train.device and train.precision = tf32 or
+// bf16 are refused for the cpu backend everywhere, and the GPU-only switches it would ignore
+// are named.
 #include <gtest/gtest.h>
 
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "agreed_error.hpp"
 #include "locus/train/compute.hpp"
@@ -65,6 +68,25 @@ TEST(CudaRefusal, PipelineOnBackendCudaWithoutADeviceIsTheBackendsAgreedConfigEr
   EXPECT_NE(message.find("train.backend = cuda"), std::string::npos) << message;
   EXPECT_NE(message.find("available: cpu"), std::string::npos) << message;
   EXPECT_EQ(message.find("pipeline"), std::string::npos) << message;
+}
+
+// Reduced precision is the GPU's: the cpu backend computes in fp32, so tf32 and bf16 asked of
+// it are refused on every rank (exit 2), naming the key and both ways out (runs on every host).
+TEST(CudaRefusal, ReducedPrecisionNeedsTheCudaBackend) {
+  const mpi::Comm world = mpi::Comm::world();
+  Data d(world);
+  const Grid grid(world, 1);
+  for (const Precision p : {Precision::tf32, Precision::bf16}) {
+    TrainOptions o = small_options(d);
+    o.compute.precision = p;
+    const std::string message =
+        locus::test::agreed_error<ConfigError>([&] { Trainer t(grid, o); });
+    EXPECT_NE(message.find(fmt::format("train.precision = {} needs a GPU backend",
+                                       to_string(p))),
+              std::string::npos) << message;
+    EXPECT_NE(message.find("set train.precision = fp32, or train.backend = cuda"),
+              std::string::npos) << message;
+  }
 }
 
 // The device cache is a GPU feature: asked of the cpu backend it is refused before any data
