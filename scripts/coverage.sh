@@ -3,8 +3,8 @@
 # -DLOCUS_COVERAGE=ON (cmake/LocusCoverage.cmake) into build-cov/ (no CUDA: GPU code is tested on
 # a GPU only; -O1 so that lines map to code), zeroes the counters, runs ctest, and reports with
 # gcovr.
-#   scripts/coverage.sh                  the whole suite but the gpu label (about 12 minutes
-#                                        here after the build's 5); the figures in
+#   scripts/coverage.sh                  the whole suite but the gpu label (16 minutes here
+#                                        with the build, 10 of them ctest); the figures in
 #                                        docs/RELIABILITY.md, "Coverage"
 #   scripts/coverage.sh -R ingest        ctest arguments instead of `-LE gpu`
 #   scripts/coverage.sh --report-only    the report of the counters already there
