@@ -289,6 +289,17 @@ TEST_F(CheckpointResume, AutoSkipsANewestCheckpointWithDamagedMetadata) {
       });
 }
 
+// A run of 20 steps in `dir` with checkpoints at step 15 (the epoch's end) and 20; its run id.
+std::string checkpointed_run(const TrainOptions& o, const std::string& dir) {
+  const Grid grid(world(), 1);
+  Trainer t(grid, o);
+  Checkpointer c(t, checkpoint_options(dir), "");
+  c.resume("none");
+  t.train(nullptr, 20, &c);
+  c.save_now();
+  return c.run_id();
+}
+
 // A job restarted with --resume=none, then preempted before its first checkpoint and requeued
 // with --resume=auto, must not take up the run it replaced: the pointer names the new run, so
 // the old run's checkpoints are skipped (each named, with both runs) and training starts over.
@@ -296,15 +307,8 @@ TEST_F(CheckpointResume, AutoDoesNotTakeUpTheRunThatResumeNoneReplaced) {
   const TrainOptions o = sgd();
   const locus::test::SharedTmpDir dir(world());
   const Grid grid(world(), 1);
-  std::string old_run, new_run;
-  {
-    Trainer t(grid, o);
-    Checkpointer c(t, checkpoint_options(dir.path()), "");
-    c.resume("none");
-    old_run = c.run_id();
-    t.train(nullptr, 20, &c);  // saves at the epoch end (15)
-    c.save_now();
-  }
+  const std::string old_run = checkpointed_run(o, dir.path());
+  std::string new_run;
   {
     Trainer t(grid, o);
     Checkpointer c(t, checkpoint_options(dir.path()), "");
@@ -436,15 +440,7 @@ TEST_F(CheckpointResume, ResumeNoneRetiresAnEarlierRun) {
   const TrainOptions o = sgd();
   const locus::test::SharedTmpDir dir(world());
   const Grid grid(world(), 1);
-  std::string first_run;
-  {
-    Trainer t(grid, o);
-    Checkpointer c(t, checkpoint_options(dir.path()), "");
-    c.resume("none");
-    first_run = c.run_id();
-    t.train(nullptr, 20, &c);  // saves at the epoch end (15)
-    c.save_now();
-  }
+  const std::string first_run = checkpointed_run(o, dir.path());
   Trainer t(grid, o);
   Checkpointer c(t, checkpoint_options(dir.path()), "");
   c.resume("none");
