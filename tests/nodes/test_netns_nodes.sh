@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The apps across two emulated nodes with a network of their own (scripts/netns-nodes.sh: a
+# network namespace and host name per node, shared memory inside a node, TCP over a veth link
+# between them), 2 ranks a node, against the same runs on one host:
+#  1. comm::Topology finds the 2 nodes by shared memory alone (ranks 0,1 and 2,3).
+#  2. locus-ingest across the nodes writes the same datasets, bit for bit, as 2 ranks on one host.
+#  3. locus-train, train.reduction = auto, picks the hierarchical reduction (only the leaders
+#     exchange gradients over the link) and ends with the model of a flat 4-rank run on one
+#     host, bit for bit; so does a flat run across the nodes.
+#  4. The same with the link limited to 100 Mbit/s in each direction (tc tbf): slower, same bits.
+#  5. Pipeline stages inside a node, replicas across (pp=2, dp=2): the model of the same grid
+#     declared on one host (LOCUS_TEST_RANKS_PER_NODE=2), bit for bit.
+#  6. locus-infer across the nodes (the one-sided work queue over the link): the predictions of
+#     2 ranks on one host, byte for byte.
+# Exits 77 (skipped) where network namespaces cannot be made (not root, no iproute2).
+#   test_netns_nodes.sh APPS_DIR PATH_TO_slurm_node_probe
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/slurm-lib.sh
+. "$here/../../scripts/slurm-lib.sh"   # slurm_log, slurm_fail (no cluster is started)
+# shellcheck source=tests/slurm/locus-jobs-lib.sh
+. "$here/../slurm/locus-jobs-lib.sh"   # locus_make_csv, locus_same_tensors
+
+bin=$(readlink -f "${1:?usage: $0 APPS_DIR PATH_TO_slurm_node_probe}")
+probe=$(readlink -f "${2:?usage: $0 APPS_DIR PATH_TO_slurm_node_probe}")
+nodes_sh=$LOCUS_REPO/scripts/netns-nodes.sh
+for x in "$bin/locus-ingest" "$bin/locus-train" "$bin/locus-infer" "$probe"; do
+  [ -x "$x" ] || slurm_fail "$x is not an executable: build it"
+done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "locus-probe-$$" 2>/dev/null; then
+  echo "SKIP: network namespaces unavailable here (need root and iproute2's 'ip netns')"
+  exit 77
+fi
+ip netns del "locus-probe-$$"
+
+work=$(mktemp -d /tmp/lnn.XXXX)
+cleanup() {
+  bash "$nodes_sh" stop "$work/nodes" >/dev/null 2>&1 || true
+  [ -n "${LNN_KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir "$work/nodes"
+bash "$nodes_sh" start "$work/nodes" --nodes 2 --slots 2 --lifetime 300 || slurm_fail "could not start the nodes"
+cd "$work"
+across() { bash "$nodes_sh" mpirun "$work/nodes" "$@"; }
+here_n() { local n=$1; shift; mpirun --oversubscribe --bind-to none -n "$n" "$@"; }
+
+# 1. Topology.
+across -n 4 "$probe" >probe.log 2>&1 || slurm_fail "node probe across the nodes failed: $(cat probe.log)"
+grep -q '^topology: 4 ranks on 2 nodes (2+2; shared memory)' probe.log ||
+  slurm_fail "expected 4 ranks on 2 nodes found by shared memory: $(cat probe.log)"
+for r in 0 1 2 3; do
+  grep -q "^rank $r of 4 .*topology_node $((r / 2)) of 2" probe.log ||
+    slurm_fail "rank $r is not on node $((r / 2)): $(cat probe.log)"
+done
+slurm_log "topology: ranks 0,1 on node1 and 2,3 on node2, found by shared memory"
+
+# 2. Ingest.
+locus_make_csv tiny-train.csv 2000 1
+locus_make_csv tiny-test.csv 500 2
+ingest=("$bin/locus-ingest" --config "$LOCUS_REPO/configs/tiny.ini")
+across -n 4 "${ingest[@]}" >ingest.log 2>&1 || slurm_fail "ingest across the nodes failed: $(cat ingest.log)"
+here_n 2 "${ingest[@]}" --ingest.output=tiny-train-1host.h5 >ingest-1host.log 2>&1 ||
+  slurm_fail "ingest on one host failed: $(cat ingest-1host.log)"
+locus_same_tensors tiny-train.h5 tiny-train-1host.h5 || slurm_fail "ingest across the nodes wrote other bytes"
+across -n 4 "${ingest[@]}" --ingest.csv=tiny-test.csv --ingest.output=tiny-test.h5 >>ingest.log 2>&1 ||
+  slurm_fail "ingest of the test set across the nodes failed: $(cat ingest.log)"
+slurm_log "ingest: 4 ranks on 2 nodes wrote the datasets of 2 ranks on one host, bit for bit"
+
+# 3.-5. Training.
+train=("$bin/locus-train" --config "$LOCUS_REPO/configs/tiny.ini" --train.metrics=)
+train_as() {   # NAME LAUNCHER-FUNCTION ARGS...
+  local name=$1 launch=$2
+  shift 2
+  "$launch" "$@" --train.output="model-$name.h5" >"train-$name.log" 2>&1 ||
+    slurm_fail "training '$name' failed: $(cat "train-$name.log")"
+}
+train_as ref here_n 4 "${train[@]}" --train.reduction=flat
+train_as auto across -n 4 "${train[@]}"
+grep -q '^ *gradient reduction: hierarchical (train.reduction = auto: 4 ranks on 2 nodes' train-auto.log ||
+  slurm_fail "train.reduction = auto did not pick hierarchical on 2 nodes: $(grep -i reduction train-auto.log)"
+train_as flat across -n 4 "${train[@]}" --train.reduction=flat
+for m in auto flat; do
+  locus_same_tensors "model-$m.h5" model-ref.h5 || slurm_fail "the $m model across the nodes differs from one host's"
+done
+bash "$nodes_sh" shape "$work/nodes" 100mbit || slurm_fail "could not limit the link"
+train_as slow across -n 4 "${train[@]}"
+bash "$nodes_sh" shape "$work/nodes" off
+locus_same_tensors model-slow.h5 model-ref.h5 || slurm_fail "the model over a 100 Mbit/s link differs"
+slurm_log "train: hierarchical and flat across the nodes, and over a 100 Mbit/s link, end with one host's model, bit for bit"
+
+pp=(--train.pipeline_stages=2 --train.micro_batches=2)
+train_as pp-ref here_n 4 -x LOCUS_TEST_RANKS_PER_NODE=2 "${train[@]}" "${pp[@]}"
+train_as pp across -n 4 "${train[@]}" "${pp[@]}"
+locus_same_tensors model-pp.h5 model-pp-ref.h5 || slurm_fail "the pp=2 model across the nodes differs from one host's"
+slurm_log "train pp=2 x dp=2: stages inside a node, replicas across, the same bits as the layout declared on one host"
+
+# 6. Inference.
+infer=("$bin/locus-infer" --config "$LOCUS_REPO/configs/tiny.ini" --infer.model=model-ref.h5
+  --infer.input=tiny-test.h5 --infer.top_k=2 --infer.unit_rows=64)
+across -n 4 "${infer[@]}" --infer.output=scores.h5 >infer.log 2>&1 || slurm_fail "infer across the nodes failed: $(cat infer.log)"
+here_n 2 "${infer[@]}" --infer.output=scores-1host.h5 >infer-1host.log 2>&1 ||
+  slurm_fail "infer on one host failed: $(cat infer-1host.log)"
+for d in /scores /predicted /topk_classes /topk_scores; do
+  h5diff scores.h5 scores-1host.h5 "$d" "$d" >/dev/null || slurm_fail "predictions across the nodes differ in $d"
+done
+slurm_log "infer: 4 ranks on 2 nodes wrote the predictions of 2 ranks on one host, byte for byte"
+echo "PASS: ingest, train (flat, hierarchical, shaped link, pp=2) and infer across 2 emulated nodes match one host bit for bit"
