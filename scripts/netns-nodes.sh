@@ -8,6 +8,7 @@
 #   netns-nodes.sh start DIR [--nodes N] [--slots S] [--rate RATE] [--lifetime SECONDS]
 #   netns-nodes.sh mpirun DIR MPIRUN-ARGS...   # mpirun across the nodes (S ranks a node at most)
 #   netns-nodes.sh shape DIR RATE|off          # change the links' rate of running nodes
+#   netns-nodes.sh link DIR K down|up          # cut node K off the network, or back on
 #   netns-nodes.sh stop DIR
 #
 # Needs root and network namespaces (ip netns, veth, bridge; tbf for --rate). --nodes N (2 to
@@ -30,7 +31,7 @@ die() {
 }
 
 usage() {
-  sed -n '8,11p' "$self" | sed 's/^# \{0,1\}//' >&2
+  sed -n '8,12p' "$self" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -162,6 +163,19 @@ cmd_shape() {
   for k in $(seq "$nodes"); do shape_node "$k" "$2"; done
 }
 
+# The bridge's end of node K's link: down, the node neither sends nor receives (its processes
+# keep running, as on a node whose network failed).
+cmd_link() {
+  local dir
+  dir=$(resolve_dir "${1:-}")
+  load "$dir"
+  if ! [[ "${2:-}" =~ ^[1-8]$ ]] || [ "$2" -gt "$nodes" ]; then die "no node '${2:-}' (nodes are 1 to $nodes)"; fi
+  case "${3:-}" in
+    down | up) ip link set "lcv${id}n$2" "$3" ;;
+    *) die "link needs 'down' or 'up', got '${3:-}'" ;;
+  esac
+}
+
 cmd_stop() {
   local dir k ns pids wd
   dir=$(resolve_dir "${1:-}")
@@ -179,12 +193,15 @@ cmd_stop() {
     fi
     ip netns del "$ns"
   done
+  # The veth pairs at once (a namespace whose killed processes are still exiting outlives its
+  # name, and its end of the pair with it).
+  for k in $(seq "$nodes"); do ip link del "lcv${id}n$k" 2>/dev/null || true; done
   ip link del "lcb$id" 2>/dev/null || true
   rm -f "$dir/nodes.env" "$dir/hosts" "$dir/agent" "$dir/watchdog.pid"
 }
 
 case "${1:-}" in
-  start | mpirun | shape | stop)
+  start | mpirun | shape | link | stop)
     c=$1
     shift
     "cmd_$c" "$@"

@@ -12,6 +12,8 @@
 #     declared on one host (LOCUS_TEST_RANKS_PER_NODE=2), bit for bit.
 #  6. locus-infer across the nodes (the one-sided work queue over the link): the predictions of
 #     2 ranks on one host, byte for byte.
+#  7. node2 cut off the network mid-training: node1's ranks report the stuck operation within
+#     train.watchdog_s (exit 70) and end; no model is written.
 # Exits 77 (skipped) where network namespaces cannot be made (not root, no iproute2).
 #   test_netns_nodes.sh APPS_DIR PATH_TO_slurm_node_probe
 set -euo pipefail
@@ -107,4 +109,32 @@ for d in /scores /predicted /topk_classes /topk_scores; do
   h5diff scores.h5 scores-1host.h5 "$d" "$d" >/dev/null || slurm_fail "predictions across the nodes differ in $d"
 done
 slurm_log "infer: 4 ranks on 2 nodes wrote the predictions of 2 ranks on one host, byte for byte"
-echo "PASS: ingest, train (flat, hierarchical, shaped link, pp=2) and infer across 2 emulated nodes match one host bit for bit"
+
+# 7. A node cut off the network mid-training: MPI over TCP neither errors nor returns (the
+# connection just stops), so the watchdog must end it. node1's ranks report the stuck
+# operation within watchdog_s and are gone; no model is written. mpirun itself returns only
+# when TCP gives up on node2's daemon (about 15 minutes, tcp_retries2): the test kills it.
+across -n 4 "${train[@]}" --train.epochs=100000 --train.watchdog_s=5 --train.output=model-cut.h5 \
+  >train-cut.log 2>&1 &
+slurm_wait_until 60 "the training across the nodes to pass its first epoch" grep -q '^epoch *2/' train-cut.log ||
+  slurm_fail "training did not get going: $(tail -n 20 train-cut.log)"
+bash "$nodes_sh" link "$work/nodes" 2 down
+cut=$SECONDS
+slurm_wait_until 30 "a watchdog line from node1's ranks" \
+  grep -q '^\[rank [01]/4 node1\] watchdog: no progress for 5 s in ' train-cut.log ||
+  slurm_fail "no watchdog line from node1 after node2 was cut off: $(tail -n 20 train-cut.log)"
+fired=$((SECONDS - cut))
+node1_trainers() {
+  local p
+  for p in $(ip netns pids "locus-$(sed -n 's/^id=//p' "$work/nodes/nodes.env")-n1"); do
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = locus-train ] && echo "$p"
+  done
+  return 0
+}
+no_node1_trainers() { [ -z "$(node1_trainers)" ]; }
+slurm_wait_until 20 "node1's ranks to end" no_node1_trainers ||
+  slurm_fail "node1's ranks still run after the watchdog: $(node1_trainers)"
+[ ! -e model-cut.h5 ] || slurm_fail "a model was written by a job that lost a node"
+pkill -KILL -f -- "--hostfile $work/nodes/hosts" || true
+slurm_log "node2 cut off: node1's watchdog fired after ${fired} s ($(grep -o 'watchdog: no progress for 5 s in [a-z0-9 -]*' train-cut.log | head -n 1)), its ranks ended, no model written"
+echo "PASS: ingest, train (flat, hierarchical, shaped link, pp=2) and infer across 2 emulated nodes match one host bit for bit; a node cut off ends the job by the watchdog"
