@@ -98,6 +98,7 @@ cmd_start() {
   done
   [ -n "$x" ] || die "no free /24 under 10.213.0.0/16 (stale nodes? 'ip netns list' shows them)"
   id=$(printf '%04x' $((RANDOM % 65536)))
+  while ip link show "lcb$id" >/dev/null 2>&1; do id=$(printf '%04x' $((RANDOM % 65536))); done
   printf 'id=%s\nsubnet=10.213.%s\nnodes=%s\nslots=%s\n' "$id" "$x" "$nodes" "$slots" >"$dir/nodes.env"
   subnet=10.213.$x
 
