@@ -8,8 +8,10 @@
 #     exchange gradients over the link) and ends with the model of a flat 4-rank run on one
 #     host, bit for bit; so does a flat run across the nodes.
 #  4. The same with the link limited to 100 Mbit/s in each direction (tc tbf): slower, same bits.
-#  5. Pipeline stages inside a node, replicas across (pp=2, dp=2): the model of the same grid
-#     declared on one host (LOCUS_TEST_RANKS_PER_NODE=2), bit for bit.
+#  5. Training from node-local staged copies (data.stage_dir; one file a node): both nodes
+#     stage, one host's model bit for bit. Pipeline stages inside a node, replicas across
+#     (pp=2, dp=2): the model of the same grid declared on one host
+#     (LOCUS_TEST_RANKS_PER_NODE=2), bit for bit.
 #  6. locus-infer across the nodes (the one-sided work queue over the link): the predictions of
 #     2 ranks on one host, byte for byte.
 #  7. node2 cut off the network mid-training: node1's ranks report the stuck operation within
@@ -92,6 +94,15 @@ train_as slow across -n 4 "${train[@]}"
 bash "$nodes_sh" shape "$work/nodes" off
 locus_same_tensors model-slow.h5 model-ref.h5 || slurm_fail "the model over a 100 Mbit/s link differs"
 slurm_log "train: hierarchical and flat across the nodes, and over a 100 Mbit/s link, end with one host's model, bit for bit"
+
+# Node-local staging: each node copies its ranks' rows into its own file under stage_dir (the
+# nodes share this host's /tmp, so the files must differ by node, not by path alone).
+mkdir "$work/stage"
+train_as staged across -n 4 "${train[@]}" --data.stage_dir="$work/stage"
+grep -q '^ *data staged in .*: 2 of 2 nodes staged it afresh' train-staged.log ||
+  slurm_fail "expected both nodes to stage the data: $(head -n 12 train-staged.log)"
+locus_same_tensors model-staged.h5 model-ref.h5 || slurm_fail "the model trained from node-local copies differs"
+slurm_log "train from node-local staged copies (one file a node): one host's model, bit for bit"
 
 pp=(--train.pipeline_stages=2 --train.micro_batches=2)
 train_as pp-ref here_n 4 -x LOCUS_TEST_RANKS_PER_NODE=2 "${train[@]}" "${pp[@]}"
