@@ -6,14 +6,15 @@
 #  2. locus-ingest across the nodes writes the same datasets, bit for bit, as 2 ranks on one host.
 #  3. locus-train, train.reduction = auto, picks the hierarchical reduction (only the leaders
 #     exchange gradients over the link) and ends with the model of a flat 4-rank run on one
-#     host, bit for bit; so does a flat run across the nodes.
+#     host, bit for bit; so do a flat run across the nodes and one whose ranks are dealt to
+#     the nodes in turn (mpirun --map-by node; the grid numbers them node by node).
 #  4. The same with the link limited to 100 Mbit/s in each direction (tc tbf): slower, same bits.
 #  5. Training from node-local staged copies (data.stage_dir; one file a node): both nodes
 #     stage, one host's model bit for bit. Pipeline stages inside a node, replicas across
-#     (pp=2, dp=2): the model of the same grid declared on one host
-#     (LOCUS_TEST_RANKS_PER_NODE=2), bit for bit.
-#  6. locus-infer across the nodes (the one-sided work queue over the link): the predictions of
-#     2 ranks on one host, byte for byte.
+#     (pp=2, dp=2), ranks in blocks or dealt in turn: the model of the same grid declared on
+#     one host (LOCUS_TEST_RANKS_PER_NODE=2), bit for bit.
+#  6. locus-infer across the nodes (the one-sided work queue over the link), ranks in blocks or
+#     dealt in turn: the predictions of 2 ranks on one host, byte for byte.
 #  7. node2 cut off the network mid-training: node1's ranks report the stuck operation within
 #     train.watchdog_s (exit 70) and end; no model is written.
 # Exits 77 (skipped) where network namespaces cannot be made (not root, no iproute2).
@@ -89,11 +90,17 @@ train_as flat across -n 4 "${train[@]}" --train.reduction=flat
 for m in auto flat; do
   locus_same_tensors "model-$m.h5" model-ref.h5 || slurm_fail "the $m model across the nodes differs from one host's"
 done
+# Ranks dealt to the nodes in turn (mpirun --map-by node: 0,2 on node1, 1,3 on node2): the grid
+# numbers them node by node, so the reduction still sums in one host's order.
+train_as cyclic across -n 4 --map-by node "${train[@]}"
+grep -q '^ *node 0: rank 0 = replica 0 stage 0, rank 2 = replica 1 stage 0' train-cyclic.log ||
+  slurm_fail "ranks 0,2 not placed on node 0 as replicas 0,1: $(grep -A2 layout train-cyclic.log)"
+locus_same_tensors model-cyclic.h5 model-ref.h5 || slurm_fail "the model with ranks dealt in turn differs"
 bash "$nodes_sh" shape "$work/nodes" 100mbit || slurm_fail "could not limit the link"
 train_as slow across -n 4 "${train[@]}"
 bash "$nodes_sh" shape "$work/nodes" off
 locus_same_tensors model-slow.h5 model-ref.h5 || slurm_fail "the model over a 100 Mbit/s link differs"
-slurm_log "train: hierarchical and flat across the nodes, and over a 100 Mbit/s link, end with one host's model, bit for bit"
+slurm_log "train: hierarchical and flat across the nodes, ranks dealt in turn, and over a 100 Mbit/s link, end with one host's model, bit for bit"
 
 # Node-local staging: each node copies its ranks' rows into its own file under stage_dir (the
 # nodes share this host's /tmp, so the files must differ by node, not by path alone).
@@ -108,6 +115,10 @@ pp=(--train.pipeline_stages=2 --train.micro_batches=2)
 train_as pp-ref here_n 4 -x LOCUS_TEST_RANKS_PER_NODE=2 "${train[@]}" "${pp[@]}"
 train_as pp across -n 4 "${train[@]}" "${pp[@]}"
 locus_same_tensors model-pp.h5 model-pp-ref.h5 || slurm_fail "the pp=2 model across the nodes differs from one host's"
+train_as pp-cyclic across -n 4 --map-by node "${train[@]}" "${pp[@]}"
+grep -q '^ *node 0: rank 0 = replica 0 stage 0, rank 2 = replica 0 stage 1' train-pp-cyclic.log ||
+  slurm_fail "a replica's stages not kept inside node 0: $(grep -A2 layout train-pp-cyclic.log)"
+locus_same_tensors model-pp-cyclic.h5 model-pp-ref.h5 || slurm_fail "the pp=2 model with ranks dealt in turn differs"
 slurm_log "train pp=2 x dp=2: stages inside a node, replicas across, the same bits as the layout declared on one host"
 
 # 6. Inference.
@@ -116,8 +127,12 @@ infer=("$bin/locus-infer" --config "$LOCUS_REPO/configs/tiny.ini" --infer.model=
 across -n 4 "${infer[@]}" --infer.output=scores.h5 >infer.log 2>&1 || slurm_fail "infer across the nodes failed: $(cat infer.log)"
 here_n 2 "${infer[@]}" --infer.output=scores-1host.h5 >infer-1host.log 2>&1 ||
   slurm_fail "infer on one host failed: $(cat infer-1host.log)"
+across -n 4 --map-by node "${infer[@]}" --infer.output=scores-cyclic.h5 >infer-cyclic.log 2>&1 ||
+  slurm_fail "infer with ranks dealt in turn failed: $(cat infer-cyclic.log)"
 for d in /scores /predicted /topk_classes /topk_scores; do
-  h5diff scores.h5 scores-1host.h5 "$d" "$d" >/dev/null || slurm_fail "predictions across the nodes differ in $d"
+  for f in scores.h5 scores-cyclic.h5; do
+    h5diff "$f" scores-1host.h5 "$d" "$d" >/dev/null || slurm_fail "predictions across the nodes ($f) differ in $d"
+  done
 done
 slurm_log "infer: 4 ranks on 2 nodes wrote the predictions of 2 ranks on one host, byte for byte"
 
