@@ -15,7 +15,9 @@
 #     one host (LOCUS_TEST_RANKS_PER_NODE=2), bit for bit.
 #  6. locus-infer across the nodes (the one-sided work queue over the link), ranks in blocks or
 #     dealt in turn: the predictions of 2 ranks on one host, byte for byte.
-#  7. node2 cut off the network mid-training: node1's ranks report the stuck operation within
+#  7. SIGTERM to a rank on node2 mid-run: one checkpoint across the nodes, exit 75; resumed on
+#     one host, the uninterrupted model, bit for bit.
+#  8. node2 cut off the network mid-training: node1's ranks report the stuck operation within
 #     train.watchdog_s (exit 70) and end; no model is written.
 # Exits 77 (skipped) where network namespaces cannot be made (not root, no iproute2).
 #   test_netns_nodes.sh APPS_DIR PATH_TO_slurm_node_probe
@@ -136,7 +138,40 @@ for d in /scores /predicted /topk_classes /topk_scores; do
 done
 slurm_log "infer: 4 ranks on 2 nodes wrote the predictions of 2 ranks on one host, byte for byte"
 
-# 7. A node cut off the network mid-training: MPI over TCP neither errors nor returns (the
+# 7. Preempted across the nodes: SIGTERM to one rank on node2 mid-run (each step delayed 20 ms
+# by a test hook so that it is mid-run); every rank checkpoints at one step (written
+# collectively across the link) and the job exits 75. Resumed on one host (4 ranks, flat), it
+# ends with the uninterrupted model, bit for bit.
+node_trainers() {   # K: the locus-train processes in node K's namespace
+  local p
+  for p in $(ip netns pids "locus-$(sed -n 's/^id=//p' "$work/nodes/nodes.env")-n$1"); do
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = locus-train ] && echo "$p"
+  done
+  return 0
+}
+across -n 4 -x LOCUS_TEST_HOOK=ckpt-step-boundary:delay20 "${train[@]}" --checkpoint.dir=ck \
+  --train.log_every=1 --train.metrics=pre.jsonl --train.output=model-pre.h5 >train-pre.log 2>&1 &
+pre=$!
+steps_logged() { [ -f pre.jsonl ] && [ "$(grep -c '"type": *"step"' pre.jsonl)" -ge "$1" ]; }
+slurm_wait_until 60 "50 steps of the run to preempt" steps_logged 50 ||
+  slurm_fail "the run to preempt did not get to step 50: $(tail -n 20 train-pre.log)"
+victim=$(node_trainers 2 | tail -n 1)
+[ -n "$victim" ] || slurm_fail "no locus-train rank found on node2"
+kill -TERM "$victim"
+rc=0
+wait "$pre" || rc=$?
+[ "$rc" = 75 ] || slurm_fail "the preempted run exited $rc, not 75: $(tail -n 20 train-pre.log)"
+grep -q 'SIGTERM received: checkpointing step' train-pre.log ||
+  slurm_fail "no checkpoint on SIGTERM: $(tail -n 20 train-pre.log)"
+[ ! -e model-pre.h5 ] || slurm_fail "the preempted run wrote its final model"
+train_as resumed here_n 4 "${train[@]}" --train.reduction=flat --checkpoint.dir=ck --resume=auto
+grep -q '^resumed from ck/ckpt-' train-resumed.log ||
+  slurm_fail "the run on one host did not resume: $(head -n 20 train-resumed.log)"
+locus_same_tensors model-resumed.h5 model-ref.h5 ||
+  slurm_fail "preempted across the nodes and resumed on one host, the model differs from the uninterrupted one"
+slurm_log "preempted across the nodes ($(grep -o 'resumed from ck/ckpt-[0-9]*.h5: step [0-9]*' train-resumed.log)), resumed on one host: the uninterrupted model, bit for bit"
+
+# 8. A node cut off the network mid-training: MPI over TCP neither errors nor returns (the
 # connection just stops), so the watchdog must end it. node1's ranks report the stuck
 # operation within watchdog_s and are gone; no model is written. mpirun itself returns only
 # when TCP gives up on node2's daemon (about 15 minutes, tcp_retries2): the test kills it.
@@ -150,17 +185,10 @@ slurm_wait_until 30 "a watchdog line from node1's ranks" \
   grep -q '^\[rank [01]/4 node1\] watchdog: no progress for 5 s in ' train-cut.log ||
   slurm_fail "no watchdog line from node1 after node2 was cut off: $(tail -n 20 train-cut.log)"
 fired=$((SECONDS - cut))
-node1_trainers() {
-  local p
-  for p in $(ip netns pids "locus-$(sed -n 's/^id=//p' "$work/nodes/nodes.env")-n1"); do
-    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = locus-train ] && echo "$p"
-  done
-  return 0
-}
-no_node1_trainers() { [ -z "$(node1_trainers)" ]; }
+no_node1_trainers() { [ -z "$(node_trainers 1)" ]; }
 slurm_wait_until 20 "node1's ranks to end" no_node1_trainers ||
-  slurm_fail "node1's ranks still run after the watchdog: $(node1_trainers)"
+  slurm_fail "node1's ranks still run after the watchdog: $(node_trainers 1)"
 [ ! -e model-cut.h5 ] || slurm_fail "a model was written by a job that lost a node"
 pkill -KILL -f -- "--hostfile $work/nodes/hosts" || true
 slurm_log "node2 cut off: node1's watchdog fired after ${fired} s ($(grep -o 'watchdog: no progress for 5 s in [a-z0-9 -]*' train-cut.log | head -n 1)), its ranks ended, no model written"
-echo "PASS: ingest, train (flat, hierarchical, shaped link, pp=2) and infer across 2 emulated nodes match one host bit for bit; a node cut off ends the job by the watchdog"
+echo "PASS: ingest, train (flat, hierarchical, ranks in turn, shaped link, staged, pp=2) and infer across 2 emulated nodes match one host bit for bit; preempted across them, resumed on one host bitwise; a node cut off ends the job by the watchdog"
