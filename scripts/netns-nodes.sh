@@ -38,7 +38,11 @@ usage() {
 resolve_dir() {
   [ -n "${1:-}" ] || usage
   [ -d "$1" ] || die "directory '$1' does not exist (start needs an empty directory; the other commands one that start used)"
-  (cd "$1" && pwd -P)
+  local d
+  d=$(cd "$1" && pwd -P)
+  # Open MPI splits plm_rsh_agent's value (DIR/agent) at white space.
+  [[ "$d" != *[[:space:]]* ]] || die "directory '$d' has white space in its path: use one without (mktemp -d /tmp/lnn.XXXX)"
+  echo "$d"
 }
 
 # What start recorded: id, subnet prefix (10.213.X), node count.
@@ -72,6 +76,7 @@ cmd_start() {
   dir=$(resolve_dir "${1:-}")
   shift
   while [ $# -gt 0 ]; do
+    [ $# -ge 2 ] || die "start option '$1' needs a value"
     case "$1" in
       --nodes) nodes=${2:-}; shift 2 ;;
       --slots) slots=${2:-}; shift 2 ;;
@@ -98,7 +103,10 @@ cmd_start() {
   done
   [ -n "$x" ] || die "no free /24 under 10.213.0.0/16 (stale nodes? 'ip netns list' shows them)"
   id=$(printf '%04x' $((RANDOM % 65536)))
-  while ip link show "lcb$id" >/dev/null 2>&1; do id=$(printf '%04x' $((RANDOM % 65536))); done
+  # Not an id in use, or left behind by a set whose stop never ran.
+  while ip link show "lcb$id" >/dev/null 2>&1 || [ -e "/run/netns/locus-$id-n1" ]; do
+    id=$(printf '%04x' $((RANDOM % 65536)))
+  done
   printf 'id=%s\nsubnet=10.213.%s\nnodes=%s\nslots=%s\n' "$id" "$x" "$nodes" "$slots" >"$dir/nodes.env"
   subnet=10.213.$x
 
@@ -150,7 +158,7 @@ cmd_mpirun() {
   # yield_when_idle: each node's daemon sees the host's cores as its own, so Open MPI does not
   # know the nodes together oversubscribe them; ranks polling without yielding starve the
   # others (an 8-byte MPI_Allreduce of 4 ranks on 2 cores: 6 ms spinning, 0.1 ms yielding).
-  exec mpirun --hostfile "$dir/hosts" \
+  exec mpirun --allow-run-as-root --hostfile "$dir/hosts" \
     --mca plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$subnet.0/24" --mca btl_tcp_if_include "$subnet.0/24" \
     --mca btl self,vader,tcp --mca osc ucx --mca mpi_yield_when_idle 1 --bind-to none "$@"
@@ -186,19 +194,22 @@ cmd_stop() {
   if [ -n "$wd" ] && [ "$wd" != "$$" ]; then kill -- -"$wd" 2>/dev/null || true; fi
   for k in $(seq "$nodes"); do
     ns=$(ns_name "$k")
-    ip netns list | grep -q "^$ns\b" || continue
-    pids=$(ip netns pids "$ns" || true)
-    if [ -n "$pids" ]; then
+    [ -e "/run/netns/$ns" ] || continue
+    # Until none is left: a daemon may fork a rank between the listing and the kill.
+    for _ in 1 2 3 4 5; do
+      pids=$(ip netns pids "$ns" 2>/dev/null || true)
+      [ -n "$pids" ] || break
       # shellcheck disable=SC2086 # a list of PIDs
       kill -KILL $pids 2>/dev/null || true
-    fi
-    ip netns del "$ns"
+      sleep 0.1
+    done
+    ip netns del "$ns" 2>/dev/null || true
   done
   # The veth pairs at once (a namespace whose killed processes are still exiting outlives its
   # name, and its end of the pair with it).
   for k in $(seq "$nodes"); do ip link del "lcv${id}n$k" 2>/dev/null || true; done
   ip link del "lcb$id" 2>/dev/null || true
-  rm -f "$dir/nodes.env" "$dir/hosts" "$dir/agent" "$dir/watchdog.pid"
+  rm -f "$dir/nodes.env" "$dir/hosts" "$dir/agent" "$dir/watchdog.pid" "$dir/watchdog.out"
 }
 
 case "${1:-}" in

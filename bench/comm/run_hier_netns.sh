@@ -8,7 +8,10 @@
 set -euo pipefail
 build=$(readlink -f "${1:?usage: $0 BUILD_DIR [ROUNDS] [RATE...]}")
 rounds=${2:-2}
-if [ $# -gt 2 ]; then rates=(off "${@:3}"); else rates=(off 4gbit 1gbit); fi
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive whole number, got '$rounds'" >&2; exit 2; }
+rates=(off)
+for r in "${@:3}"; do [ "$r" = off ] || rates+=("$r"); done
+[ ${#rates[@]} -gt 1 ] || rates+=(4gbit 1gbit)
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bench=$build/bench/comm/locus_hier_bench
 [ -x "$bench" ] || { echo "no $bench: build the target locus_hier_bench" >&2; exit 1; }
@@ -38,13 +41,18 @@ rows = {}
 fits = {}
 for rate in rates:
     for r in range(1, rounds + 1):
+        equal = 0
         for line in open(f"{out}/{rate}-{r}.txt"):
             f = line.split()
             if len(f) >= 9 and f[0].isdigit() and f[1] == "|":
                 size = int(f[0]); flat = float(f[2]); hier = float(f[5])
                 rows.setdefault(size, {}).setdefault(rate, []).append((flat, hier))
-            if line.startswith("# elements where hierarchical differs") and "(bitwise equal)" not in line:
-                sys.exit(f"{rate} round {r}: {line.strip()}")
+            if line.startswith("# elements where hierarchical differs"):
+                if "(bitwise equal)" not in line:
+                    sys.exit(f"{rate} round {r}: {line.strip()}")
+                equal += 1
+        if equal != 1:
+            sys.exit(f"{rate} round {r}: the bench did not report the bitwise comparison")
             if line.startswith("# fit "):
                 fits.setdefault(rate, []).append(line.strip())
 print(f"# flat | hierarchical median us over {rounds} round(s), 4 ranks = 2 nodes x 2; ratio hier/flat")
@@ -53,6 +61,9 @@ for size in sorted(rows):
     cells = []
     for rate in rates:
         v = rows[size].get(rate, [])
+        if not v:
+            cells.append("-")
+            continue
         fl = statistics.median(x[0] for x in v); hi = statistics.median(x[1] for x in v)
         cells.append(f"{fl:9.1f} {hi:9.1f} {hi / fl:6.2f}x")
     print(f"{size:10d} | " + " | ".join(f"{c:>28}" for c in cells))
