@@ -17,7 +17,9 @@
 #     dealt in turn: the predictions of 2 ranks on one host, byte for byte.
 #  7. SIGTERM to a rank on node2 mid-run: one checkpoint across the nodes, exit 75; resumed on
 #     one host, the uninterrupted model, bit for bit.
-#  8. node2 cut off the network mid-training: node1's ranks report the stuck operation within
+#  8. node2's link down for 3 s mid-training, then up: the run goes on by itself and ends with
+#     one host's model, bit for bit.
+#  9. node2 cut off the network mid-training: node1's ranks report the stuck operation within
 #     train.watchdog_s (exit 70) and end.
 # Exits 77 (skipped) where emulated nodes cannot be made (not root; no ip netns, veth, bridge or
 # tc tbf).
@@ -190,7 +192,27 @@ locus_same_tensors model-resumed.h5 model-ref.h5 ||
   slurm_fail "preempted across the nodes and resumed on one host, the model differs from the uninterrupted one"
 slurm_log "preempted across the nodes ($(grep -o 'resumed from ck/ckpt-[0-9]*.h5: step [0-9]*' train-resumed.log)), resumed on one host: the uninterrupted model, bit for bit"
 
-# 8. A node cut off the network mid-training: MPI over TCP neither errors nor returns (the
+# 8. A link that drops for 3 s mid-training and comes back: TCP retransmits, the run goes on
+# by itself (the watchdog, at 60 s, stays quiet) and ends with one host's model, bit for bit.
+# Each step is delayed 20 ms (a test hook) so that the run, about 10 s, outlasts the outage.
+across -n 4 -x LOCUS_TEST_HOOK=train-step:delay20 "${train[@]}" --train.epochs=8 \
+  --train.watchdog_s=60 --train.output=model-flap.h5 >train-flap.log 2>&1 &
+flap=$!
+slurm_wait_until 60 "the training across the nodes to pass its first epoch" grep -q '^epoch *2/' train-flap.log ||
+  slurm_fail "training did not get going: $(tail -n 20 train-flap.log)"
+bash "$nodes_sh" link "$work/nodes" 2 down
+sleep 3
+bash "$nodes_sh" link "$work/nodes" 2 up
+kill -0 "$flap" 2>/dev/null || slurm_fail "the run ended before the link came back: $(tail -n 5 train-flap.log)"
+rc=0
+wait "$flap" || rc=$?
+[ "$rc" = 0 ] || slurm_fail "the run whose link dropped for 3 s exited $rc: $(tail -n 20 train-flap.log)"
+! grep -q 'watchdog:' train-flap.log || slurm_fail "the watchdog fired over a 3 s outage: $(grep watchdog: train-flap.log)"
+train_as flap-ref here_n 4 "${train[@]}" --train.epochs=8 --train.reduction=flat
+locus_same_tensors model-flap.h5 model-flap-ref.h5 || slurm_fail "the model of the run whose link dropped differs"
+slurm_log "a 3 s link outage mid-training: the run went on and ended with one host's model, bit for bit"
+
+# 9. A node cut off the network mid-training: MPI over TCP neither errors nor returns (the
 # connection just stops), so the watchdog must end it. node1's ranks report the stuck
 # operation within watchdog_s and are gone. mpirun itself returns only
 # when TCP gives up on node2's daemon (about 15 minutes, tcp_retries2): the test kills it.
@@ -209,4 +231,4 @@ slurm_wait_until 20 "node1's ranks to end" no_node1_trainers ||
   slurm_fail "node1's ranks still run after the watchdog: $(node_trainers 1)"
 pkill -KILL -f -- "--hostfile $work/nodes/hosts" || true
 slurm_log "node2 cut off: node1's watchdog fired after ${fired} s ($(grep -o 'watchdog: no progress for 5 s in [a-z0-9 -]*' train-cut.log | head -n 1)), its ranks ended"
-echo "PASS: ingest, train (flat, hierarchical, ranks in turn, shaped link, staged, pp=2) and infer across 2 emulated nodes match one host bit for bit; preempted across them, resumed on one host bitwise; a node cut off ends the job by the watchdog"
+echo "PASS: ingest, train (flat, hierarchical, ranks in turn, shaped link, staged, pp=2) and infer across 2 emulated nodes match one host bit for bit; preempted across them, resumed on one host bitwise; a 3 s link outage changes nothing; a node cut off ends the job by the watchdog"
