@@ -10,6 +10,7 @@
 #   netns-nodes.sh shape DIR RATE|off          # change the links' rate of running nodes
 #   netns-nodes.sh link DIR K down|up          # cut node K off the network, or back on
 #   netns-nodes.sh stop DIR
+#   netns-nodes.sh check                       # exit 0 if nodes can be made here, else 1 and why
 #
 # Needs root and network namespaces (ip netns, veth, bridge; tbf for --rate). --nodes N (2 to
 # 8, default 2) nodes node1..nodeN with --slots S (default 2) rank slots each. --rate RATE (tc
@@ -31,7 +32,7 @@ die() {
 }
 
 usage() {
-  sed -n '8,12p' "$self" | sed 's/^# \{0,1\}//' >&2
+  sed -n '8,13p' "$self" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -212,7 +213,27 @@ cmd_stop() {
   rm -f "$dir/nodes.env" "$dir/hosts" "$dir/agent" "$dir/watchdog.pid" "$dir/watchdog.out"
 }
 
+# Whether nodes can be made here, tried on throw-away names: a namespace, a bridge, a veth pair
+# into the namespace, a tbf qdisc. Tests skip (exit 77) when it fails.
+cmd_check() {
+  local ns=locus-check-$$ ok=1
+  [ "$(id -u)" = 0 ] || { echo "$prog: network namespaces need root" >&2; return 1; }
+  if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v nsenter >/dev/null; then
+    echo "$prog: needs iproute2's ip and tc, and util-linux's nsenter" >&2
+    return 1
+  fi
+  ip netns add "$ns" 2>/dev/null || { echo "$prog: 'ip netns add' failed: no network namespaces here" >&2; return 1; }
+  { ip link add "lcbc$$" type bridge &&
+    ip link add "lcvc$$" type veth peer name eth0 netns "$ns" &&
+    tc qdisc add dev "lcvc$$" root tbf rate 1gbit burst 64kb latency 10ms; } >/dev/null 2>&1 || ok=0
+  ip link del "lcvc$$" 2>/dev/null || true
+  ip link del "lcbc$$" 2>/dev/null || true
+  ip netns del "$ns" 2>/dev/null || true
+  [ $ok = 1 ] || { echo "$prog: a bridge, a veth pair into a namespace or a tc tbf qdisc could not be made" >&2; return 1; }
+}
+
 case "${1:-}" in
+  check) cmd_check ;;
   start | mpirun | shape | link | stop)
     c=$1
     shift

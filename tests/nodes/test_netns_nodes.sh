@@ -39,21 +39,7 @@ for x in "$bin/locus-ingest" "$bin/locus-train" "$bin/locus-infer" "$probe"; do
 done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 
-# What netns-nodes.sh needs, tried on throw-away names: a namespace, a bridge, a veth pair into
-# the namespace, a tbf qdisc.
-can_make_nodes() {
-  local ns=locus-probe-$$ ok=1
-  [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null || return 1
-  ip netns add "$ns" 2>/dev/null || return 1
-  { ip link add "lcbp$$" type bridge &&
-    ip link add "lcvp$$" type veth peer name eth0 netns "$ns" &&
-    tc qdisc add dev "lcvp$$" root tbf rate 1gbit burst 64kb latency 10ms; } >/dev/null 2>&1 || ok=0
-  ip link del "lcvp$$" 2>/dev/null || true
-  ip link del "lcbp$$" 2>/dev/null || true
-  ip netns del "$ns" 2>/dev/null || true
-  [ $ok = 1 ]
-}
-if ! can_make_nodes; then
+if ! bash "$nodes_sh" check; then
   echo "SKIP: cannot make emulated nodes here (need root, iproute2's ip netns, veth and bridge links, tc tbf)"
   exit 77
 fi
