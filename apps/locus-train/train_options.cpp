@@ -262,6 +262,7 @@ train::CheckpointOptions TrainSettings::checkpoint_options() const {
   c.async = ckpt_async;
   c.signals = ckpt_dir.empty() ? std::vector<int>{} : train::parse_signals(ckpt_signals);
   c.save_timeout_s = ckpt_save_timeout_s;
+  c.watchdog_s = watchdog_s;
   train::validate(c);
   return c;
 }

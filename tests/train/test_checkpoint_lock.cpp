@@ -1,7 +1,8 @@
 // The ownership lock of a checkpoint directory at 1, 2 and 4 ranks: the holder record, a second
 // holder refused on every rank with nothing in the directory changed, the lock taken again
 // after its holder released it or was SIGKILLed (no stale lock), a requeued Slurm job waiting
-// for its predecessor, and the errors of a directory that cannot be created.
+// for its predecessor (longer for one that recorded a watchdog), and the errors of a directory
+// that cannot be created.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -64,7 +65,7 @@ std::string refusal(const std::string& dir, const std::string& run, double wait_
                     std::string* said = nullptr, std::atomic<bool>* announced = nullptr) {
   try {
     CheckpointDirLock l = CheckpointDirLock::acquire(
-        world(), dir, run, wait_s, [&](const std::string& line) {
+        world(), dir, run, LockWait{wait_s, 0}, [&](const std::string& line) {
           if (said != nullptr) *said += line;
           if (announced != nullptr) announced->store(true);
         });
@@ -219,6 +220,38 @@ TEST(CheckpointLock, RequeuedJobWaitsForItsPredecessor) {
     EXPECT_NE(said, "") << "the wait was not announced";
   }
   EXPECT_NE(read_lock_holder(dir).find("run run-b"), std::string::npos) << read_lock_holder(dir);
+}
+
+// A predecessor that recorded its watchdog is waited for that much longer: it may be stranded
+// on a node that lost its network (Slurm requeued the job elsewhere), and its watchdog ends it.
+TEST(CheckpointLock, RequeuedJobWaitsForItsStrandedPredecessorsWatchdog) {
+  locus::test::SharedTmpDir tmp(world());
+  const std::string dir = tmp.file("ck");
+  const SlurmJobId job("4244");
+  CheckpointDirLock first =
+      CheckpointDirLock::acquire(world(), dir, "run-a", LockWait{0, 600});
+  EXPECT_NE(read_lock_holder(dir).find("train.watchdog_s 600"), std::string::npos)
+      << read_lock_holder(dir);
+  // With no wait of its own the successor would be refused at once (as for a predecessor that
+  // recorded no watchdog, above); the predecessor's 600 s make it wait. Rank 0, which holds the
+  // lock, releases it once the wait was announced.
+  std::atomic<bool> announced{false};
+  std::thread predecessor([&] {
+    for (int i = 0; i < 1000 && world().is_root() && !announced.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    first = CheckpointDirLock();
+  });
+  std::string said;
+  EXPECT_EQ(refusal(dir, "run-b", 0, &said, &announced), "");
+  predecessor.join();
+  if (world().is_root()) {
+    EXPECT_NE(said.find("waiting up to 600 s for it to end (its train.watchdog_s = 600 ends it"),
+              std::string::npos) << said;
+  }
+  EXPECT_NE(read_lock_holder(dir).find("run run-b"), std::string::npos) << read_lock_holder(dir);
+  EXPECT_EQ(read_lock_holder(dir).find("train.watchdog_s"), std::string::npos)
+      << "run-b recorded no watchdog: " << read_lock_holder(dir);
 }
 
 TEST(CheckpointLock, DirectoryThatCannotBeCreatedIsAnIoError) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -109,14 +110,25 @@ std::string utc_now() {
   return text;
 }
 
-// The holder record: "key value" lines under a comment saying what the file is.
-std::string holder_record(const std::string& run_id, const std::string& since) {
+// The holder record: "key value" lines under a comment saying what the file is. watchdog_s:
+// the holder ends itself after that long without progress (0: never).
+std::string holder_record(const std::string& run_id, const std::string& since,
+                          double watchdog_s) {
   const std::string job = slurm_job();
   return fmt::format("# locus checkpoint directory lock: while a training job uses this directory "
                      "its rank 0 holds an\n# exclusive flock(2) on this file; the lines name "
                      "the holder (or the last one)\nhost {}\npid {}\nslurm_job {}\nrun {}\n"
-                     "since {}\n", mpi::hostname(), static_cast<long>(::getpid()),
-                     job.empty() ? "-" : job, run_id, since);
+                     "since {}\nwatchdog_s {:g}\n", mpi::hostname(), static_cast<long>(::getpid()),
+                     job.empty() ? "-" : job, run_id, since, watchdog_s);
+}
+
+// The holder's watchdog_s, 0 when it recorded none (or an earlier locus, or nonsense).
+double holder_watchdog_s(const std::map<std::string, std::string>& r) {
+  const auto it = r.find("watchdog_s");
+  if (it == r.end()) return 0;
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  return end != it->second.c_str() && *end == '\0' && std::isfinite(v) && v > 0 ? v : 0;
 }
 
 // Best effort: the record is for people and for the message of a refused job; the lock
@@ -148,9 +160,11 @@ std::string describe(const std::map<std::string, std::string>& r) {
   if (!r.contains("pid")) return "";
   const auto get = [&](const char* key) { return r.contains(key) ? r.at(key) : "?"; };
   const std::string job = get("slurm_job");
-  return fmt::format("host {}, pid {}{}, run {}, since {}", get("host"), get("pid"),
+  const double watchdog_s = holder_watchdog_s(r);
+  return fmt::format("host {}, pid {}{}, run {}, since {}{}", get("host"), get("pid"),
                      job == "-" || job == "?" ? "" : ", Slurm job " + job, get("run"),
-                     get("since"));
+                     get("since"),
+                     watchdog_s > 0 ? fmt::format(", train.watchdog_s {:g}", watchdog_s) : "");
 }
 
 // The holder's record; a holder that has only just taken the lock may not have written it
@@ -293,7 +307,7 @@ SaveResult save_checkpoint(const mpi::Comm& comm, const std::string& dir,
 }
 
 CheckpointDirLock CheckpointDirLock::acquire(const mpi::Comm& comm, const std::string& dir,
-                                             const std::string& run_id, double same_job_wait_s,
+                                             const std::string& run_id, const LockWait& wait,
                                              const std::function<void(const std::string&)>& say) {
   CheckpointDirLock lock;
   mpi::agree_on(comm, [&] {
@@ -336,18 +350,27 @@ CheckpointDirLock CheckpointDirLock::acquire(const mpi::Comm& comm, const std::s
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const bool same_job = !slurm_job().empty() && holder.contains("slurm_job") &&
                             holder.at("slurm_job") == slurm_job();
-      if (!same_job || waited >= same_job_wait_s) refuse(dir, holder, same_job ? waited : 0);
+      // A predecessor stranded on a node cut off from its peers ends by its own watchdog.
+      const double predecessor_watchdog_s = holder_watchdog_s(holder);
+      const double limit_s = wait.same_job_s + predecessor_watchdog_s;
+      if (!same_job || waited >= limit_s) refuse(dir, holder, same_job ? waited : 0);
       if (!told && say) {
         say(fmt::format("checkpoint.dir {} is held by an earlier instance of this Slurm job "
-                        "({}): waiting up to {:g} s for it to end", dir, describe(holder),
-                        same_job_wait_s));
+                        "({}): waiting up to {:g} s for it to end{}", dir, describe(holder),
+                        limit_s,
+                        predecessor_watchdog_s > 0
+                            ? fmt::format(" (its train.watchdog_s = {:g} ends it that long after "
+                                          "its last progress if it is stranded, e.g. on a node "
+                                          "that lost its network)", predecessor_watchdog_s)
+                            : ""));
       }
       told = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     lock.run_id_ = run_id;
     lock.since_ = utc_now();
-    write_record(file.get(), holder_record(run_id, lock.since_));
+    lock.watchdog_s_ = wait.watchdog_s;
+    write_record(file.get(), holder_record(run_id, lock.since_, lock.watchdog_s_));
     lock.fd_ = std::move(file);
   });
   return lock;
@@ -356,7 +379,7 @@ CheckpointDirLock CheckpointDirLock::acquire(const mpi::Comm& comm, const std::s
 void CheckpointDirLock::set_run(const std::string& run_id) {
   if (!fd_ || run_id == run_id_) return;
   run_id_ = run_id;
-  write_record(fd_.get(), holder_record(run_id_, since_));
+  write_record(fd_.get(), holder_record(run_id_, since_, watchdog_s_));
 }
 
 std::string read_lock_holder(const std::string& dir) {

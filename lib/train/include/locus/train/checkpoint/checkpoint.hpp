@@ -263,10 +263,22 @@ SaveResult save_checkpoint(const mpi::Comm& comm, const std::string& dir,
                            const CheckpointData& data, const WriteOptions& write,
                            const RetentionOptions& retention);
 
+// How long CheckpointDirLock::acquire waits for an earlier instance of its own Slurm job.
+struct LockWait {
+  // For a predecessor that is going away (its node's lock released late, e.g. an NFS lease).
+  double same_job_s = 0;
+  // This job's train.watchdog_s (0: none), recorded in the holder record: a predecessor that
+  // recorded one ends itself within that long of its last progress, e.g. when it is stranded
+  // on a node that lost its network and Slurm requeued the job elsewhere, so a successor
+  // waits same_job_s plus the predecessor's watchdog_s for it.
+  double watchdog_s = 0;
+};
+
 // Ownership of a checkpoint directory by one training job (docs/FORMATS.md, "The directory
 // and the commit"): rank 0 of the job holds an exclusive flock(2) on <dir>/.lock, whose text
-// names the holder (host, pid, Slurm job, run, start time). The kernel drops the lock when the
-// process ends in any way, SIGKILL included, so no stale lock outlives a job; the file stays.
+// names the holder (host, pid, Slurm job, run, start time, watchdog). The kernel drops the lock
+// when the process ends in any way, SIGKILL included, so no stale lock outlives a job; the file
+// stays.
 class CheckpointDirLock {
  public:
   CheckpointDirLock() = default;  // holds nothing
@@ -275,12 +287,12 @@ class CheckpointDirLock {
   // the holder record. A directory locked by another process is a ConfigError (agreed) naming
   // the directory and the holder and saying what to do; nothing in the directory is changed.
   // When the holder is an earlier instance of this Slurm job (the same SLURM_JOB_ID: requeued
-  // while its predecessor is still going away), rank 0 first waits up to same_job_wait_s for
-  // it, telling `say` (on rank 0) once. On a file system without locks (flock fails with
-  // ENOLCK, ENOSYS, EOPNOTSUPP) the directory is used unlocked and warning() says so. IoError
-  // (agreed) when `dir` or its lock file cannot be created.
+  // while its predecessor is still going away or stranded), rank 0 first waits for it (see
+  // LockWait), telling `say` (on rank 0) once. On a file system without locks (flock fails
+  // with ENOLCK, ENOSYS, EOPNOTSUPP) the directory is used unlocked and warning() says so.
+  // IoError (agreed) when `dir` or its lock file cannot be created.
   static CheckpointDirLock acquire(const mpi::Comm& comm, const std::string& dir,
-                                   const std::string& run_id, double same_job_wait_s = 0,
+                                   const std::string& run_id, const LockWait& wait = {},
                                    const std::function<void(const std::string&)>& say = {});
 
   bool held() const noexcept { return static_cast<bool>(fd_); }
@@ -293,6 +305,7 @@ class CheckpointDirLock {
   io::Fd fd_;
   std::string run_id_;
   std::string since_;
+  double watchdog_s_ = 0;
   std::string warning_;
 };
 
@@ -311,6 +324,7 @@ struct CheckpointOptions {
   std::vector<int> signals;          // signals that checkpoint and stop (see preempt.hpp)
   double save_timeout_s = 0;         // > 0: budget of one save
   bool end_job_on_refused_write = false;  // see WriteOptions (locus-train: on)
+  double watchdog_s = 0;             // the job's train.watchdog_s, for the lock (LockWait)
 };
 
 // Throws ConfigError naming checkpoint.<key>.
