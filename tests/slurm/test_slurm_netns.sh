@@ -6,13 +6,17 @@
 #  1. A 2-node x 2-task job runs slurm_node_probe under mpirun and under srun --mpi=pmix with
 #     Open MPI's default transports (no OMPI_MCA_btl): ranks 0,1 on one host and 2,3 on
 #     another, each rank's host name its Slurm node's, comm::Topology finding the 2 nodes.
-#  2. The real locus-train via slurm/train.sbatch, 2 nodes x 2 tasks, checkpointing every 20
-#     steps. Mid-run the link of the node of ranks 2,3 goes down for good (its processes keep
-#     running, cut off). slurmctld sets that node DOWN after SlurmdTimeout (10 s) and requeues
-#     the job (NODE_FAIL, --requeue); the rerun lands on the two other nodes, resumes from the
-#     newest checkpoint with --resume=auto and ends with the model of an uninterrupted 4-rank
-#     run, bit for bit. Then the link comes back and the node returns to service by itself
-#     (ReturnToService=2), with no rank of the job left on it. The latencies are logged.
+#  2. Two trainings, the real locus-train via slurm/train.sbatch, 2 nodes x 2 tasks each,
+#     checkpointing every 20 steps. Mid-run one node of each loses its network for good (its
+#     processes keep running, cut off): in job A the node of ranks 2,3; in job B its batch node,
+#     where mpirun and rank 0 run, and rank 0 holds the checkpoint directory's lock. slurmctld
+#     sets both nodes DOWN after SlurmdTimeout (10 s) and requeues both jobs (--requeue). Each
+#     rerun lands on nodes that are up and resumes from the newest checkpoint with
+#     --resume=auto. B's rerun finds the lock still held by its stranded predecessor and waits
+#     for that one's watchdog (train.watchdog_s = 120) to end it, not just its own base wait
+#     (LOCUS_TEST_REQUEUE_WAIT_S=0 here). Both end with the model of an uninterrupted 4-rank
+#     run, bit for bit. Then the links come back and both nodes return to service by themselves
+#     (ReturnToService=2), with no rank of either job left on them. The latencies are logged.
 # Exits 77 (skipped) where network namespaces cannot be made (netns-nodes.sh check).
 #   test_slurm_netns.sh APPS_DIR PATH_TO_slurm_node_probe
 set -euo pipefail
@@ -29,17 +33,20 @@ if ! bash "$nodes_sh" check; then
   echo "SKIP: cannot make nodes with a network of their own here (need root, ip netns, veth, bridge, tc tbf)"
   exit 77
 fi
-# 79 steps an epoch (global batch 128); every rank waits 40 ms a step, so the first run is
-# still training when its node is cut off at step $cut_at, and the rerun for a while after.
-readonly steps=$((2 * 79)) cut_at=45
+# 79 steps an epoch (global batch 128); every rank waits 40 ms a step, so the first runs are
+# still training when their nodes are cut off past step $cut_at. B's stranded predecessor
+# lives $b_watchdog s after the cut; its rerun starts about 65 s after it (Slurm's detection,
+# the job's end on the nodes it can reach, cred_expire), so it has to wait.
+readonly steps=$((2 * 79)) cut_at=45 b_watchdog=120
+export LSC_LIFETIME=480
 train_args=(--data.train=fm-test.h5 --data.test=fm-test.h5 "--model.widths=784,128,10"
   --model.dropout=0.1 --optim.warmup_steps=10 --train.epochs=2 --train.log_every=5 --eval.every=0)
 
-slurm_cluster_setup --nodes 3 --netns
+slurm_cluster_setup --nodes 6 --netns
 cd "$LSC_WORK"
 net=$LSC_DIR/net
-[ "$(sinfo -h -N -o '%N %c %T' | sort -u | tr '\n' ' ')" = "node1 4 idle node2 4 idle node3 4 idle " ] ||
-  slurm_fail "expected nodes node1..node3, 4 CPUs each, idle: $(sinfo -N)"
+[ "$(sinfo -h -N -o '%N %c %T' | sort -u | tr '\n' ' ')" = "$(printf 'node%d 4 idle ' 1 2 3 4 5 6)" ] ||
+  slurm_fail "expected nodes node1..node6, 4 CPUs each, idle: $(sinfo -N)"
 [ -z "${OMPI_MCA_btl:-}" ] || slurm_fail "slurm-cluster.sh env set OMPI_MCA_btl=$OMPI_MCA_btl for nodes with their own network"
 
 # 1. Both launchers across two hosts.
@@ -65,12 +72,21 @@ for launcher in mpirun srun; do
 done
 slurm_log "probe: mpirun and srun each put ranks 0,1 and 2,3 on two hosts of $(slurm_job_field "$probe_job" NodeList)"
 
-# 2. A node lost mid-training.
+# 2. A node lost mid-training, in two jobs: A loses the node of its ranks 2,3, B its batch node.
 slurm_wait_state "$ingest" COMPLETED 120 || slurm_fail "the ingest job failed: $(cat ingest.log)"
-job=$(LOCUS_TEST_HOOK=train-step:delay40 slurm_submit -N 2 --ntasks=4 --ntasks-per-node=2 \
-  -o train.log "$LOCUS_REPO/slurm/train.sbatch" "${train_args[@]}" --train.output=model.h5 \
-  --train.metrics=metrics.jsonl --checkpoint.dir=ck --checkpoint.every_steps=20 --train.watchdog_s=5)
-# The uninterrupted reference (4 ranks, two a node as in the job, no Slurm), meanwhile.
+# submit NAME WATCHDOG_S: a 2 x 2 training (log NAME.log, metrics NAME.jsonl, checkpoints
+# ck-NAME, model NAME.h5) on whole nodes, so that the two jobs never share one; prints the job
+# id.
+submit() {
+  LOCUS_TEST_HOOK=train-step:delay40 LOCUS_TEST_REQUEUE_WAIT_S=0 slurm_submit -N 2 --ntasks=4 \
+    --ntasks-per-node=2 --exclusive -o "$1.log" "$LOCUS_REPO/slurm/train.sbatch" "${train_args[@]}" \
+    "--train.output=$1.h5" "--train.metrics=$1.jsonl" "--checkpoint.dir=ck-$1" \
+    --checkpoint.every_steps=20 "--train.watchdog_s=$2"
+}
+declare -A job
+job[A]=$(submit A 5)
+job[B]=$(submit B $b_watchdog)
+# The uninterrupted reference (4 ranks, two a node as in the jobs, no Slurm), meanwhile.
 LOCUS_REFERENCE_RANKS=4 LOCUS_TEST_RANKS_PER_NODE=2 locus_reference_start "${train_args[@]}"
 
 # "RANK HOST" for every live locus-train rank of job $1 (the host name of its UTS namespace).
@@ -82,83 +98,123 @@ train_ranks() {
     echo "$(sed -n 's/^OMPI_COMM_WORLD_RANK=//p' <<<"$env") $(nsenter --uts --target "$p" hostname 2>/dev/null || echo -)"
   done | sort -n
 }
-# Succeeds when job $job has its 4 ranks running, 0,1 on one host and 2,3 on another; writes
-# the two hosts to the file placement.
+# Succeeds when job $1 has its 4 ranks running, 0,1 on one host and 2,3 on another; writes the
+# two hosts to the file placement-$1.
 ranks_on_two_nodes() {
   local r
-  r=$(train_ranks "$job")
+  r=$(train_ranks "$1")
   [ "$(echo "$r" | grep -c .)" = 4 ] || return 1
   echo "$r" | awk '
     { rank[NR-1] = $1; host[NR-1] = $2 }
     END {
-      for (i = 0; i < 4; i++) if (rank[i] != i || host[i] !~ /^node[1-3]$/) exit 1
+      for (i = 0; i < 4; i++) if (rank[i] != i || host[i] !~ /^node[1-6]$/) exit 1
       if (host[0] != host[1] || host[2] != host[3] || host[0] == host[2]) exit 1
       print host[0], host[2]
-    }' >placement || { echo "job $job: ranks not 2+2 on two hosts: $(echo "$r" | tr '\n' ';')" >&2; return 1; }
+    }' >"placement-$1" || { echo "job $1: ranks not 2+2 on two hosts: $(echo "$r" | tr '\n' ';')" >&2; return 1; }
 }
 last_step() {
   local n
-  n=$(sed -n 's/^{"type":"step","step":\([0-9]*\),.*/\1/p' metrics.jsonl 2>/dev/null | tail -n 1)
+  n=$(sed -n 's/^{"type":"step","step":\([0-9]*\),.*/\1/p' "$1.jsonl" 2>/dev/null | tail -n 1)
   echo "${n:-0}"
 }
 running_past_cut() {
-  case " $SLURM_FINAL_STATES " in
-    *" $(slurm_job_field "$job" JobState) "*) slurm_fail "job $job ended $(slurm_job_field "$job" JobState) before its node was cut off" ;;
-  esac
-  [ "$(last_step)" -ge $cut_at ]
+  local name
+  for name in A B; do
+    case " $SLURM_FINAL_STATES " in
+      *" $(slurm_job_field "${job[$name]}" JobState) "*) slurm_fail "job $name (${job[$name]}) ended $(slurm_job_field "${job[$name]}" JobState) before its node was cut off" ;;
+    esac
+    [ "$(last_step "$name")" -ge $cut_at ] || return 1
+  done
 }
-slurm_wait_until 90 "the 4 ranks of job $job on two hosts" ranks_on_two_nodes ||
-  slurm_fail "job $job: $(train_ranks "$job" | tr '\n' ';') $(tail -n 5 train.log)"
-read -r first_a first_b <placement
-slurm_wait_until 90 "job $job past step $cut_at" running_past_cut ||
-  slurm_fail "job $job: at step $(last_step): $(tail -n 20 train.log)"
-
-at=$(last_step)
-bash "$nodes_sh" link "$net" "${first_b#node}" down
+declare -A first_a first_b cut_node at
+for name in A B; do
+  slurm_wait_until 90 "the 4 ranks of job $name (${job[$name]}) on two hosts" ranks_on_two_nodes "${job[$name]}" ||
+    slurm_fail "job $name: $(train_ranks "${job[$name]}" | tr '\n' ';') $(tail -n 5 "$name.log")"
+  read -r "first_a[$name]" "first_b[$name]" <"placement-${job[$name]}"
+done
+slurm_wait_until 90 "jobs A and B past step $cut_at" running_past_cut ||
+  slurm_fail "at steps $(last_step A) and $(last_step B): $(tail -n 20 A.log B.log)"
+# A loses the node of its ranks 2,3; B its batch node, that of mpirun and ranks 0,1.
+cut_node[A]=${first_b[A]}
+cut_node[B]=${first_a[B]}
+[ "$(slurm_job_field "${job[B]}" BatchHost)" = "${cut_node[B]}" ] ||
+  slurm_fail "job B: ranks 0,1 run on ${cut_node[B]}, its batch host is $(slurm_job_field "${job[B]}" BatchHost)"
+for name in A B; do
+  at[$name]=$(last_step "$name")
+  bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" down
+done
 cut=$SECONDS
-slurm_log "job $job: ranks 0,1 on $first_a, 2,3 on $first_b; $first_b cut off the network at step $at"
+slurm_log "job A (${job[A]}): ranks 0,1 on ${first_a[A]}, 2,3 on ${first_b[A]}; ${cut_node[A]} cut off at step ${at[A]}"
+slurm_log "job B (${job[B]}): ranks 0,1 on ${first_a[B]}, 2,3 on ${first_b[B]}; ${cut_node[B]} (its batch host) cut off at step ${at[B]}"
+
 node_state() { sinfo -h -n "$1" -o %T | head -n 1; }
-is_down() { case "$(node_state "$first_b")" in down*) return 0 ;; esac; return 1; }
-slurm_wait_until 60 "$first_b to be set DOWN" is_down ||
-  slurm_fail "$first_b is $(node_state "$first_b") 60 s after its link went down; job $job $(slurm_job_field "$job" JobState)"
-down_s=$((SECONDS - cut))
-slurm_wait_until 90 "the rerun of job $job to start" grep -q "restart 1, " train.log ||
-  slurm_fail "job $job was not started again: $(slurm_job_field "$job" JobState) $(tail -n 5 train.log)"
-rerun_s=$((SECONDS - cut))
-slurm_wait_until 60 "the rerun of job $job on two hosts" ranks_on_two_nodes ||
-  slurm_fail "job $job rerun: $(slurm_job_field "$job" JobState) $(train_ranks "$job" | tr '\n' ';') $(tail -n 5 train.log)"
-read -r second_a second_b <placement
-[ "$second_a" != "$first_b" ] && [ "$second_b" != "$first_b" ] ||
-  slurm_fail "the rerun of job $job runs on $second_a and $second_b, including the cut-off $first_b"
-slurm_log "job $job: $first_b DOWN $down_s s after the cut, rerun on $second_a+$second_b $rerun_s s after it"
+is_down() { case "$(node_state "$1")" in down*) return 0 ;; esac; return 1; }
+is_up() { case "$(node_state "$1")" in idle | allocated | mixed) return 0 ;; esac; return 1; }
+declare -A down_s rerun_s rejoin_s
+for name in A B; do
+  slurm_wait_until 60 "${cut_node[$name]} to be set DOWN" is_down "${cut_node[$name]}" ||
+    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - cut)) s after its link went down"
+  down_s[$name]=$((SECONDS - cut))
+done
+for name in A B; do
+  slurm_wait_until 120 "the rerun of job $name to start" grep -q "restart 1, " "$name.log" ||
+    slurm_fail "job $name (${job[$name]}) was not started again: $(slurm_job_field "${job[$name]}" JobState) $(tail -n 5 "$name.log")"
+  rerun_s[$name]=$((SECONDS - cut))
+done
+# B's rerun waits for the lock until its stranded predecessor's watchdog ends it.
+slurm_wait_until 60 "the rerun of job B to wait for its predecessor" \
+  grep -q "checkpoint.dir ck-B is held by an earlier instance of this Slurm job .*train.watchdog_s $b_watchdog): waiting up to $b_watchdog s for it to end (its train.watchdog_s = $b_watchdog ends it" B.log ||
+  slurm_fail "job B's rerun did not wait for its stranded predecessor (the rerun started $((rerun_s[B])) s after the cut, the predecessor's watchdog fires $b_watchdog s after it): $(grep -v '^{' B.log | tail -n 20)"
+# Where each rerun went (A's may be over by now): two nodes, the cut-off one not among them.
+for name in A B; do
+  nodes=$(scontrol show hostnames "$(slurm_job_field "${job[$name]}" NodeList)" | tr '\n' ' ')
+  if [ "$(wc -w <<<"$nodes")" != 2 ] || grep -qw "${cut_node[$name]}" <<<"$nodes"; then
+    slurm_fail "the rerun of job $name runs on '$nodes', expected two nodes without the cut-off ${cut_node[$name]}"
+  fi
+  grep -q "restart 1, .*, 4 tasks: mpirun -n 4 " "$name.log" ||
+    slurm_fail "$name.log: the rerun is not one 4-task mpirun: $(grep 'restart 1' "$name.log")"
+  slurm_log "job $name: ${cut_node[$name]} DOWN ${down_s[$name]} s after the cut, rerun started ${rerun_s[$name]} s after it, on $nodes"
+done
 
-# The network back: the node rejoins by itself while the rerun trains.
-bash "$nodes_sh" link "$net" "${first_b#node}" up
-back=$SECONDS
-is_idle() { [ "$(node_state "$first_b")" = idle ] || [ "$(node_state "$first_b")" = allocated ]; }
-slurm_wait_state "$job" COMPLETED 180 || slurm_fail "job $job did not complete: $(tail -n 30 train.log)"
-[ "$(slurm_job_field "$job" ExitCode)" = 0:0 ] || slurm_fail "job $job: ExitCode $(slurm_job_field "$job" ExitCode)"
+for name in A B; do
+  slurm_wait_state "${job[$name]}" COMPLETED 180 || slurm_fail "job $name did not complete: $(tail -n 30 "$name.log")"
+  [ "$(slurm_job_field "${job[$name]}" ExitCode)" = 0:0 ] || slurm_fail "job $name: ExitCode $(slurm_job_field "${job[$name]}" ExitCode)"
+done
+# What let B's rerun in: its stranded predecessor's watchdog, which wrote to the shared log.
+grep -q "^\[rank 0/4 ${cut_node[B]}\] watchdog: no progress for $b_watchdog s in " B.log ||
+  slurm_fail "B.log: no watchdog line of the stranded rank 0 on ${cut_node[B]}: $(grep -v '^{' B.log | tail -n 20)"
+slurm_log "job B: its rerun took the lock once the stranded predecessor's watchdog ended it, $((SECONDS - cut)) s after the cut at most"
 locus_reference_wait
-slurm_wait_until 150 "$first_b to return to service" is_idle ||
-  slurm_fail "$first_b is $(node_state "$first_b") 150 s after its link came back: $(grep "$first_b" "$LSC_DIR/log/slurmctld.log" | tail -n 5)"
-rejoin_s=$((SECONDS - back))
-# What ran on the cut-off node ended when the node could talk again.
-left_on_b() { [ -z "$(train_ranks "$job")" ]; }
-slurm_wait_until 30 "no rank of job $job left on $first_b" left_on_b ||
-  slurm_fail "ranks of job $job still run: $(train_ranks "$job" | tr '\n' ';')"
 
-[ "$(slurm_job_field "$job" Restarts)" = 1 ] || slurm_fail "job $job: Restarts=$(slurm_job_field "$job" Restarts), expected 1"
-grep -q "requeue job JobId=$job due to failure of node $first_b" "$LSC_DIR/log/slurmctld.log" ||
-  slurm_fail "slurmctld did not log the requeue of job $job for $first_b: $(tail -n 20 "$LSC_DIR/log/slurmctld.log")"
-runs=$(grep "restart [0-9]*, .*, nodes .*, 4 tasks: mpirun -n 4 " train.log || true)
-echo "$runs" | grep "restart 1," | grep -q -- "locus-train --resume=auto " ||
-  slurm_fail "train.log: the rerun did not pass --resume=auto: $runs"
-resumed=$(sed -n 's/^resumed from ck\/ckpt-[0-9]*\.h5: step \([0-9]*\) of \([0-9]*\) .*/\1 \2/p' train.log | head -n 1)
-read -r from total <<<"$resumed"
-[ "${total:-}" = "$steps" ] && [ "$from" -ge $((at / 20 * 20)) ] && [ "$from" -lt "$steps" ] ||
-  slurm_fail "train.log: the rerun resumed '$resumed', expected the newest checkpoint (every 20 steps) at or past step $((at / 20 * 20)) of $steps: $(grep -e '^resumed' -e '^checkpoint' train.log)"
-grep -q "^trained $((steps - from)) steps" train.log ||
-  slurm_fail "train.log: the rerun did not train the $((steps - from)) steps left: $(grep '^trained' train.log)"
-locus_same_tensors model.h5 model-ref.h5 || slurm_fail "job $job: model.h5 differs from the uninterrupted run's"
-slurm_log "job $job: cut at step $at, resumed from step $from on $second_a+$second_b, model identical; $first_b back in service $rejoin_s s after its link"
-echo "PASS: 2-host jobs under mpirun and srun; a node lost mid-training: DOWN in ${down_s} s, rerun in ${rerun_s} s from step $from, model bit for bit; node back in ${rejoin_s} s"
+# The network back (only now: a stranded instance ends as soon as it can talk again, its peers
+# on the other node having been killed by Slurm): the nodes rejoin by themselves.
+for name in A B; do bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" up; done
+back=$SECONDS
+for name in A B; do
+  slurm_wait_until 150 "${cut_node[$name]} to return to service" is_up "${cut_node[$name]}" ||
+    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - back)) s after its link came back: $(grep "${cut_node[$name]}" "$LSC_DIR/log/slurmctld.log" | tail -n 5)"
+  rejoin_s[$name]=$((SECONDS - back))
+  # What ran on the cut-off node ended by the time the node could talk again.
+  none_left() { [ -z "$(train_ranks "$1")" ]; }
+  slurm_wait_until 30 "no rank of job $name left" none_left "${job[$name]}" ||
+    slurm_fail "ranks of job $name still run: $(train_ranks "${job[$name]}" | tr '\n' ';')"
+done
+
+for name in A B; do
+  j=${job[$name]}
+  [ "$(slurm_job_field "$j" Restarts)" = 1 ] || slurm_fail "job $name: Restarts=$(slurm_job_field "$j" Restarts), expected 1"
+  grep -q "requeue job JobId=$j due to failure of node ${cut_node[$name]}" "$LSC_DIR/log/slurmctld.log" ||
+    slurm_fail "slurmctld did not log the requeue of job $j for ${cut_node[$name]}: $(tail -n 20 "$LSC_DIR/log/slurmctld.log")"
+  grep "restart 1, .*, nodes .*, 4 tasks: mpirun -n 4 " "$name.log" | grep -q -- "locus-train --resume=auto " ||
+    slurm_fail "$name.log: the rerun did not pass --resume=auto: $(grep 'restart ' "$name.log")"
+  resumed=$(sed -n "s/^resumed from ck-$name\/ckpt-[0-9]*\.h5: step \([0-9]*\) of \([0-9]*\) .*/\1 \2/p" "$name.log" | head -n 1)
+  read -r from total <<<"$resumed"
+  floor=$((at[$name] / 20 * 20))
+  [ "${total:-}" = "$steps" ] && [ "$from" -ge $floor ] && [ "$from" -lt "$steps" ] ||
+    slurm_fail "$name.log: the rerun resumed '$resumed', expected the newest checkpoint (every 20 steps) at or past step $floor of $steps: $(grep -e '^resumed' -e '^checkpoint' "$name.log")"
+  grep -q "^trained $((steps - from)) steps" "$name.log" ||
+    slurm_fail "$name.log: the rerun did not train the $((steps - from)) steps left: $(grep '^trained' "$name.log")"
+  locus_same_tensors "$name.h5" model-ref.h5 || slurm_fail "job $name: $name.h5 differs from the uninterrupted run's"
+  slurm_log "job $name: cut at step ${at[$name]}, resumed from step $from, model identical; ${cut_node[$name]} back in service ${rejoin_s[$name]} s after its link"
+done
+echo "PASS: 2-host jobs under mpirun and srun; a node lost mid-training (A: ranks 2,3's, B: the batch node): DOWN in ${down_s[A]}/${down_s[B]} s, rerun in ${rerun_s[A]}/${rerun_s[B]} s (B waiting for its stranded predecessor's watchdog), models bit for bit; nodes back in ${rejoin_s[A]}/${rejoin_s[B]} s"
