@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Slurm nodes with a network of their own (slurm-cluster.sh --nodes 3 --netns: each slurmd in a
+# Slurm nodes with a network of their own (slurm-cluster.sh --nodes 6 --netns: each slurmd in a
 # network namespace with its own host name and a veth link to a bridge), so that jobs see what
 # a cluster's nodes are -- distinct hosts, shared memory inside a node, TCP between them -- and
 # a node can lose its network:
 #  1. A 2-node x 2-task job runs slurm_node_probe under mpirun and under srun --mpi=pmix with
 #     Open MPI's default transports (no OMPI_MCA_btl): ranks 0,1 on one host and 2,3 on
 #     another, each rank's host name its Slurm node's, comm::Topology finding the 2 nodes.
-#  2. Two trainings, the real locus-train via slurm/train.sbatch, 2 nodes x 2 tasks each,
+#  2. Two trainings, the real locus-train via slurm/train.sbatch, 2 whole nodes x 2 tasks each,
 #     checkpointing every 20 steps. Mid-run one node of each loses its network for good (its
 #     processes keep running, cut off): in job A the node of ranks 2,3; in job B its batch node,
 #     where mpirun and rank 0 run, and rank 0 holds the checkpoint directory's lock. slurmctld
@@ -15,8 +15,9 @@
 #     --resume=auto. B's rerun finds the lock still held by its stranded predecessor and waits
 #     for that one's watchdog (train.watchdog_s = 120) to end it, not just its own base wait
 #     (LOCUS_TEST_REQUEUE_WAIT_S=0 here). Both end with the model of an uninterrupted 4-rank
-#     run, bit for bit. Then the links come back and both nodes return to service by themselves
-#     (ReturnToService=2), with no rank of either job left on them. The latencies are logged.
+#     run, bit for bit. Then the links come back (only now: a stranded instance still alive
+#     ends as soon as it can talk again) and both nodes return to service by themselves
+#     (ReturnToService=2), with no rank of either job left. The latencies are logged.
 # Exits 77 (skipped) where network namespaces cannot be made (netns-nodes.sh check).
 #   test_slurm_netns.sh APPS_DIR PATH_TO_slurm_node_probe
 set -euo pipefail
