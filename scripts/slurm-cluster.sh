@@ -16,9 +16,10 @@
 # "localhost". --netns (with --nodes) puts each node's slurmd in a network namespace of its own
 # with host name nodeI (scripts/netns-nodes.sh, kept in DIR/net): jobs then see distinct hosts,
 # shared memory inside a node and TCP over a link between nodes that can be shaped or cut
-# (netns-nodes.sh shape|link DIR/net ...). --gpus G (1 to 8) declares G GPUs on every node (GresTypes=gpu, Gres=gpu:G, a
-# gres.conf naming G stand-in device files under DIR/dev): Slurm then schedules --gres=gpu:N and
-# --gpus-per-task and sets CUDA_VISIBLE_DEVICES as on a GPU cluster; no GPU is needed or used.
+# (netns-nodes.sh shape|link DIR/net ...). --gpus G (1 to 8) declares G GPUs on every node
+# (GresTypes=gpu, Gres=gpu:G, a gres.conf naming G stand-in device files under DIR/dev): Slurm
+# then schedules --gres=gpu:N and --gpus-per-task and sets CUDA_VISIBLE_DEVICES as on a GPU
+# cluster; no GPU is needed or used.
 # See docs/SLURM-CLUSTER.md for the configuration and why each value was chosen.
 set -euo pipefail
 
