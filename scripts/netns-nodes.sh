@@ -218,16 +218,17 @@ cmd_stop() {
 cmd_check() {
   local ns=locus-check-$$ ok=1
   [ "$(id -u)" = 0 ] || { echo "$prog: network namespaces need root" >&2; return 1; }
-  if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v nsenter >/dev/null; then
-    echo "$prog: needs iproute2's ip and tc, and util-linux's nsenter" >&2
-    return 1
-  fi
+  # (k in the throw-away names: not a hex digit, so never a running set's lcb<id>.)
+  local t
+  for t in ip tc nsenter unshare hostname; do
+    command -v "$t" >/dev/null || { echo "$prog: '$t' not found: needs iproute2 (ip, tc), util-linux (nsenter, unshare) and hostname" >&2; return 1; }
+  done
   ip netns add "$ns" 2>/dev/null || { echo "$prog: 'ip netns add' failed: no network namespaces here" >&2; return 1; }
-  { ip link add "lcbc$$" type bridge &&
-    ip link add "lcvc$$" type veth peer name eth0 netns "$ns" &&
-    tc qdisc add dev "lcvc$$" root tbf rate 1gbit burst 64kb latency 10ms; } >/dev/null 2>&1 || ok=0
-  ip link del "lcvc$$" 2>/dev/null || true
-  ip link del "lcbc$$" 2>/dev/null || true
+  { ip link add "lcbk$$" type bridge &&
+    ip link add "lcvk$$" type veth peer name eth0 netns "$ns" &&
+    tc qdisc add dev "lcvk$$" root tbf rate 1gbit burst 64kb latency 10ms; } >/dev/null 2>&1 || ok=0
+  ip link del "lcvk$$" 2>/dev/null || true
+  ip link del "lcbk$$" 2>/dev/null || true
   ip netns del "$ns" 2>/dev/null || true
   [ $ok = 1 ] || { echo "$prog: a bridge, a veth pair into a namespace or a tc tbf qdisc could not be made" >&2; return 1; }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A throw-away single-host Slurm cluster (munged, slurmctld, one slurmd per node) living entirely
-# in one directory, for the slurm-labelled tests. No systemd, nothing under /etc or /run.
+# in one directory, for the slurm-labelled tests. No systemd, nothing under /etc or /run (with
+# --netns: the nodes' namespaces under /run/netns and their links, which stop removes).
 #
 #   slurm-cluster.sh start DIR [--gang] [--nodes N [--netns]] [--gpus G] [--lifetime SECONDS]
 #   slurm-cluster.sh stop DIR
@@ -421,6 +422,9 @@ cmd_start() {
     shift
   done
   [ $netns = 0 ] || [ "$nodes" -ge 2 ] || die "--netns needs --nodes N with N from 2 to 8 (a namespace a node)"
+  if [ $netns = 1 ]; then
+    bash "$netns_sh" check || die "--netns: cannot make network namespaces here (see the line above)"
+  fi
   for bin in munged munge unmunge slurmctld slurmd sinfo setsid ss pgrep; do
     command -v "$bin" >/dev/null ||
       die "'$bin' not found: install the Debian packages slurm-wlm and munge (scripts/install-deps.sh)"
@@ -523,7 +527,8 @@ cmd_stop() {
 
 # SLURM_CONF for this cluster, and unset any SLURM_*/SBATCH_*/SALLOC_*/SRUN_* inherited from an
 # outer allocation (srun and sbatch read them as options, e.g. SLURM_JOB_ID joins a job).
-# With several nodes, also Open MPI's transports for jobs spanning them (sbatch passes the
+# With --netns (distinct hosts): Open MPI's default transports (any BTL choice inherited is
+# unset), UCX for windows over TCP and yielding ranks. With several nodes otherwise, Open MPI's transports for jobs spanning them (sbatch passes the
 # environment on), docs/SLURM-CLUSTER.md: TCP over loopback and no shared-memory BTL, because
 # Open MPI names its shared-memory (vader) segments by host name, job and local rank, so ranks
 # with one local rank on two nodes of this one host would share a segment and crash; and
@@ -541,6 +546,7 @@ cmd_env() {
     # Distinct hosts: Open MPI's defaults (shared memory inside a node, TCP on eth0 between
     # them) work. Windows over TCP still need UCX, and ranks must yield: every node's daemon
     # takes the host's cores for its own.
+    echo "unset OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include"
     echo "export OMPI_MCA_osc=ucx OMPI_MCA_mpi_yield_when_idle=1"
   elif [ "$(node_names "$dir" | wc -l)" -gt 1 ]; then
     echo "export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_osc=ucx"

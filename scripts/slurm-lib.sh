@@ -3,7 +3,7 @@
 # Source it (". scripts/slurm-lib.sh"); needs bash 4.4+. There is no slurmdbd, so no sacct: job
 # facts come from `scontrol show job`, which keeps finished jobs for MinJobAge=300 s.
 #
-#   slurm_cluster_setup [--gang] [--nodes N]  start a cluster in a fresh /tmp/lsc.XXXX, stop it on EXIT
+#   slurm_cluster_setup [--gang] [--nodes N [--netns]]  start a cluster in a fresh /tmp/lsc.XXXX, stop it on EXIT
 #   slurm_submit SBATCH_ARGS...         submit, print the job id
 #   slurm_job_field JOB FIELD           one field of `scontrol show job` (JobState, ExitCode, ...)
 #   slurm_wait_state JOB STATE... [TIMEOUT_S]

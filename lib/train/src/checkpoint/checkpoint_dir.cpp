@@ -310,6 +310,11 @@ CheckpointDirLock CheckpointDirLock::acquire(const mpi::Comm& comm, const std::s
                                              const std::string& run_id, const LockWait& wait,
                                              const std::function<void(const std::string&)>& say) {
   CheckpointDirLock lock;
+  // Named for the watchdog, which keeps counting while rank 0 waits for a predecessor and the
+  // other ranks wait for rank 0: a wait longer than this job's own train.watchdog_s ends it
+  // (exit 70) with this line. With the predecessor's watchdog this job's outlives it: it was
+  // armed later.
+  comm::progress("taking the lock of checkpoint.dir {}", dir);
   mpi::agree_on(comm, [&] {
     if (!comm.is_root()) return;
     std::error_code ec;
