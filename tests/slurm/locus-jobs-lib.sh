@@ -8,6 +8,7 @@
 #   locus_csv_labels FILE            the label column of a CSV made by locus_make_csv, one a line
 #   locus_json FILE EXPR             a Python expression over the JSON document `r` in FILE
 #   locus_job_log JOB                path of a pipeline job's log (LOCUS_LOG_DIR/NAME-JOB.out)
+#   locus_last_step METRICS          the last step of a metrics file's step lines, 0 before the first
 #   locus_same_tensors FILE REF      every dataset of two HDF5 files (models) equal bit for bit
 #   locus_trainer_setup APPS_DIR     the real-trainer tests' common start: LOCUS_BIN, 2-rank
 #                                    mpirun arguments that do not busy-poll, the apps checked
@@ -64,6 +65,14 @@ locus_job_log() {
   local name
   name=$(slurm_job_field "$1" JobName) || return 1
   echo "${LOCUS_LOG_DIR:-logs}/$name-$1.out"
+}
+
+# The last step in a locus-train metrics file (a step line every train.log_every steps); 0 when
+# the file has none yet or does not exist.
+locus_last_step() {
+  local n
+  n=$(sed -n 's/^{"type":"step","step":\([0-9]*\),.*/\1/p' "$1" 2>/dev/null | tail -n 1) || true
+  echo "${n:-0}"
 }
 
 # Succeeds when FILE and REF hold the same datasets with the same dtype, shape and bytes (the

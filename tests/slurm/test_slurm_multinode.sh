@@ -112,12 +112,7 @@ slurm_wait_until 90 "the 4 ranks of job $job on two nodes" ranks_on_two_nodes ||
 read -r first_a first_b <placement
 slurm_log "run 0: ranks 0,1 on $first_a, ranks 2,3 on $first_b"
 
-# The last step in the metrics (a line every train.log_every steps), 0 before the first.
-last_step() {
-  local n
-  n=$(sed -n 's/^{"type":"step","step":\([0-9]*\),.*/\1/p' metrics.jsonl 2>/dev/null | tail -n 1)
-  echo "${n:-0}"
-}
+last_step() { locus_last_step metrics.jsonl; }
 # Rank 3 alone is listed as a straggler (a loaded machine can make any rank slow for a while:
 # the file then lists it too, and the requeue would exclude its node as well).
 only_rank3() { [ -r ck/stragglers ] && [ "$(grep -v '^#' ck/stragglers | cut -d' ' -f1 | tr '\n' ' ')" = "3 " ]; }

@@ -113,11 +113,7 @@ ranks_on_two_nodes() {
       print host[0], host[2]
     }' >"placement-$1" || { echo "job $1: ranks not 2+2 on two hosts: $(echo "$r" | tr '\n' ';')" >&2; return 1; }
 }
-last_step() {
-  local n
-  n=$(sed -n 's/^{"type":"step","step":\([0-9]*\),.*/\1/p' "$1.jsonl" 2>/dev/null | tail -n 1)
-  echo "${n:-0}"
-}
+last_step() { locus_last_step "$1.jsonl"; }
 running_past_cut() {
   local name
   for name in A B; do
