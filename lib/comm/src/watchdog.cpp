@@ -157,6 +157,12 @@ Watchdog::~Watchdog() {
 
 bool watchdog_armed() noexcept { return g_armed.load(std::memory_order_relaxed); }
 
+WatchdogSetting armed_watchdog() {
+  std::lock_guard g(g_mutex);
+  if (!g_state) return {};
+  return {g_state->timeout_s, g_state->key};
+}
+
 namespace {
 
 // Names the operation entered (and the output it writes, "" for none) and counts a mark.

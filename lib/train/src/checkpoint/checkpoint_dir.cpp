@@ -96,107 +96,17 @@ std::vector<std::string> prune(const std::string& dir, const std::string& newest
 
 constexpr const char* kLockName = ".lock";
 
-std::string slurm_job() {
-  const char* job = std::getenv("SLURM_JOB_ID");
-  return job != nullptr ? job : "";
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm {};
-  ::gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
-
-// The holder record: "key value" lines under a comment saying what the file is. watchdog_s:
-// the holder ends itself after that long without progress (0: never).
-std::string holder_record(const std::string& run_id, const std::string& since,
-                          double watchdog_s) {
-  const std::string job = slurm_job();
-  return fmt::format("# locus checkpoint directory lock: while a training job uses this directory "
-                     "its rank 0 holds an\n# exclusive flock(2) on this file; the lines name "
-                     "the holder (or the last one)\nhost {}\npid {}\nslurm_job {}\nrun {}\n"
-                     "since {}\nwatchdog_s {:g}\n", mpi::hostname(), static_cast<long>(::getpid()),
-                     job.empty() ? "-" : job, run_id, since, watchdog_s);
-}
-
-// The holder's watchdog_s, 0 when it recorded none (or an earlier locus, or nonsense).
-double holder_watchdog_s(const std::map<std::string, std::string>& r) {
-  const auto it = r.find("watchdog_s");
-  if (it == r.end()) return 0;
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  return end != it->second.c_str() && *end == '\0' && std::isfinite(v) && v > 0 ? v : 0;
-}
-
-// Best effort: the record is for people and for the message of a refused job; the lock
-// itself is the flock. Overwritten in place, then cut to length, so a reader never finds it
-// empty while it is rewritten.
-void write_record(int fd, const std::string& text) {
-  const auto n = static_cast<ssize_t>(text.size());
-  if (::pwrite(fd, text.data(), text.size(), 0) != n) return;
-  if (::ftruncate(fd, n) != 0) {
-    // A longer record's tail stays; harmless: readers take the first value of each key.
-  }
-}
-
-std::map<std::string, std::string> read_record(int fd) {
-  std::string text(4096, '\0');
-  const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
-  text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
-  std::map<std::string, std::string> out;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const auto space = line.find(' ');
-    if (space != std::string::npos) out.emplace(line.substr(0, space), line.substr(space + 1));
-  }
-  return out;
-}
-
-std::string describe(const std::map<std::string, std::string>& r) {
-  if (!r.contains("pid")) return "";
-  const auto get = [&](const char* key) { return r.contains(key) ? r.at(key) : "?"; };
-  const std::string job = get("slurm_job");
-  const double watchdog_s = holder_watchdog_s(r);
-  return fmt::format("host {}, pid {}{}, run {}, since {}{}", get("host"), get("pid"),
-                     job == "-" || job == "?" ? "" : ", Slurm job " + job, get("run"),
-                     get("since"),
-                     watchdog_s > 0 ? fmt::format(", train.watchdog_s {:g}", watchdog_s) : "");
-}
-
-// The holder's record; a holder that has only just taken the lock may not have written it
-// yet, so an empty one is read again for up to a second.
-std::map<std::string, std::string> holder_of(int fd) {
-  auto r = read_record(fd);
-  for (int i = 0; i < 20 && !r.contains("pid"); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    r = read_record(fd);
-  }
-  return r;
-}
-
-[[noreturn]] void refuse(const std::string& dir, const std::map<std::string, std::string>& r,
-                         double waited_s) {
-  const std::string holder = describe(r);
-  const std::string job = r.contains("slurm_job") ? r.at("slurm_job") : "-";
-  const std::string who =
-      job != "-" ? "Slurm job " + job
-                 : (r.contains("pid") ? fmt::format("process {} on {}", r.at("pid"),
-                                                    r.contains("host") ? r.at("host") : "?")
-                                      : "that job");
+[[noreturn]] void refuse(const std::string& dir, const io::LockBusy& busy) {
   throw ConfigError(fmt::format(
       "checkpoint.dir '{}' is in use by another training job ({}){}: two jobs in one checkpoint "
       "directory would delete each other's checkpoints. Set checkpoint.dir to another "
       "directory, or wait until {} ends and rerun (its lock on {} goes with its process, even "
       "if it is killed; --resume=auto then continues from its checkpoints)",
-      dir, holder.empty() ? "holder not recorded" : holder,
-      waited_s > 0 ? fmt::format(", an earlier instance of this Slurm job that did not end "
-                                 "within {:g} s", waited_s)
-                   : "",
-      who, (fs::path(dir) / kLockName).string()));
+      dir, busy.holder().empty() ? "holder not recorded" : busy.holder(),
+      busy.waited_s() > 0 ? fmt::format(", an earlier instance of this Slurm job that did not "
+                                        "end within {:g} s", busy.waited_s())
+                          : "",
+      busy.holder_name(), (fs::path(dir) / kLockName).string()));
 }
 
 }  // namespace
@@ -323,75 +233,22 @@ CheckpointDirLock CheckpointDirLock::acquire(const mpi::Comm& comm, const std::s
       throw IoError(fmt::format("cannot create checkpoint.dir '{}': {}; choose another "
                                 "directory or fix the permissions", dir, ec.message()));
     }
-    const std::string path = join_path(dir, kLockName);
-    // Created once and never removed: unlinking it would let a job lock a new file while
-    // another still holds the old one. Only read access is needed to lock it.
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0 && (errno == EACCES || errno == EROFS)) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      throw IoError(fmt::format("cannot open the lock file '{}' of checkpoint.dir '{}': {}; "
-                                "fix the permissions or choose another checkpoint.dir",
-                                path, dir, std::strerror(errno)));
+    // The file is never removed: the directory keeps the last holder's record for people.
+    const io::LockRecord record{"locus checkpoint directory lock: a training job's rank 0",
+                                run_id, wait.watchdog_s, "train.watchdog_s"};
+    try {
+      lock.lock_ = io::FileLock::take(join_path(dir, kLockName),
+                                      fmt::format("checkpoint.dir '{}'", dir), record,
+                                      {wait.same_job_s}, say, io::FileLock::Release::keep_file);
+    } catch (const io::LockBusy& busy) {
+      refuse(dir, busy);
     }
-    io::Fd file(fd);
-    const auto t0 = std::chrono::steady_clock::now();
-    bool told = false;
-    for (;;) {
-      if (::flock(file.get(), LOCK_EX | LOCK_NB) == 0) break;
-      const int err = errno;
-      if (err == EINTR) continue;
-      if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL) {
-        lock.warning_ = fmt::format(
-            "warning: checkpoint.dir '{}' cannot be locked ({}: the file system does not "
-            "support flock, e.g. Lustre mounted without -o flock); it is used unlocked, so make "
-            "sure no other job uses it", dir, std::strerror(err));
-        return;
-      }
-      if (err != EWOULDBLOCK) {
-        throw IoError(fmt::format("cannot lock '{}': {}; choose another checkpoint.dir", path,
-                                  std::strerror(err)));
-      }
-      const auto holder = holder_of(file.get());
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const bool same_job = !slurm_job().empty() && holder.contains("slurm_job") &&
-                            holder.at("slurm_job") == slurm_job();
-      // A predecessor stranded on a node cut off from its peers ends by its own watchdog.
-      const double predecessor_watchdog_s = holder_watchdog_s(holder);
-      const double limit_s = wait.same_job_s + predecessor_watchdog_s;
-      if (!same_job || waited >= limit_s) refuse(dir, holder, same_job ? waited : 0);
-      if (!told && say) {
-        say(fmt::format("checkpoint.dir {} is held by an earlier instance of this Slurm job "
-                        "({}): waiting up to {:g} s for it to end{}", dir, describe(holder),
-                        limit_s,
-                        predecessor_watchdog_s > 0
-                            ? fmt::format(" (its train.watchdog_s = {:g} ends it that long after "
-                                          "its last progress if it is stranded, e.g. on a node "
-                                          "that lost its network)", predecessor_watchdog_s)
-                            : ""));
-      }
-      told = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    lock.run_id_ = run_id;
-    lock.since_ = utc_now();
-    lock.watchdog_s_ = wait.watchdog_s;
-    write_record(file.get(), holder_record(run_id, lock.since_, lock.watchdog_s_));
-    lock.fd_ = std::move(file);
   });
   return lock;
 }
 
-void CheckpointDirLock::set_run(const std::string& run_id) {
-  if (!fd_ || run_id == run_id_) return;
-  run_id_ = run_id;
-  write_record(fd_.get(), holder_record(run_id_, since_, watchdog_s_));
-}
-
 std::string read_lock_holder(const std::string& dir) {
-  const int fd = ::open(join_path(dir, kLockName).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  io::Fd file(fd);
-  return describe(read_record(file.get()));
+  return io::describe_lock_holder(join_path(dir, kLockName));
 }
 
 }  // namespace locus::train

@@ -29,26 +29,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// How long a requeued Slurm job waits for its previous instance to release the directory: a
-// process gone from a node that crashed keeps its lock on NFS until the server's lease ends
-// (90 s by default in NFSv4).
-constexpr double kRequeueWaitSeconds = 120;
-
-// kRequeueWaitSeconds, or LOCUS_TEST_REQUEUE_WAIT_S (test only: a test of a stranded
-// predecessor cannot wait minutes). Not a number of seconds is an error.
-double requeue_wait_s() {
-  const char* text = std::getenv("LOCUS_TEST_REQUEUE_WAIT_S");
-  if (text == nullptr || *text == '\0') return kRequeueWaitSeconds;
-  char* end = nullptr;
-  const double v = std::strtod(text, &end);
-  if (end == text || *end != '\0' || !std::isfinite(v) || v < 0) {
-    throw ConfigError(fmt::format("LOCUS_TEST_REQUEUE_WAIT_S = '{}' is not a number of seconds "
-                                  "(test only: how long a requeued job waits for its "
-                                  "predecessor's lock of checkpoint.dir); unset it", text));
-  }
-  return v;
-}
-
 }  // namespace
 
 std::string new_run_id(const mpi::Comm& comm) {
@@ -221,7 +201,7 @@ Checkpointer::Checkpointer(Trainer& trainer, CheckpointOptions options, std::str
   // for the Checkpointer's lifetime (the lock also creates the directory).
   if (m.enabled()) {
     double wait_s = 0;
-    mpi::agree_on(m.comm, [&] { wait_s = requeue_wait_s(); });
+    mpi::agree_on(m.comm, [&] { wait_s = io::requeue_wait_s(); });
     lock_ = CheckpointDirLock::acquire(m.comm, m.opts.dir, m.run_id, {wait_s, m.opts.watchdog_s},
                                        [&m](const std::string& line) { m.say(line); });
     if (!lock_.warning().empty()) m.say(lock_.warning());

@@ -48,6 +48,12 @@ class Watchdog {
 
 // Whether a watchdog is armed in this process (one relaxed atomic load).
 bool watchdog_armed() noexcept;
+// The armed watchdog's timeout and the config key that set it ({0, ""} when none is armed).
+struct WatchdogSetting {
+  double timeout_s = 0;
+  std::string key;
+};
+WatchdogSetting armed_watchdog();
 // Marks progress and names the operation now entered; thread-safe. Without an armed
 // watchdog it does nothing.
 void mark_progress(std::string_view what);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/io/file_lock.hpp"
 #include "locus/io/raw_io.hpp"
 #include "locus/train/metrics.hpp"
 #include "locus/train/model/loss.hpp"
@@ -295,18 +296,14 @@ class CheckpointDirLock {
                                    const std::string& run_id, const LockWait& wait = {},
                                    const std::function<void(const std::string&)>& say = {});
 
-  bool held() const noexcept { return static_cast<bool>(fd_); }
-  const std::string& warning() const noexcept { return warning_; }
+  bool held() const noexcept { return lock_.held(); }
+  const std::string& warning() const noexcept { return lock_.warning(); }
   // Local: records another run id in the holder record (a resume adopts its checkpoint's
   // run); a no-op unless this rank holds the lock and the id changed.
-  void set_run(const std::string& run_id);
+  void set_run(const std::string& run_id) { lock_.set_run(run_id); }
 
  private:
-  io::Fd fd_;
-  std::string run_id_;
-  std::string since_;
-  double watchdog_s_ = 0;
-  std::string warning_;
+  io::FileLock lock_;
 };
 
 // Local, read-only: the holder record of <dir>/.lock as one line ("" when there is none).
