@@ -103,6 +103,7 @@ struct Job {
   detail::InputInfo input;
   PredictionLayout layout;
   PredictionProvenance prov;
+  const io::OutputLock& lock;  // of opts.output, held by the whole run
 };
 
 struct Scored {
@@ -171,7 +172,7 @@ std::optional<Metrics> reduce_metrics(const mpi::Comm& comm, detail::LoopResult&
 }
 
 Scored run_full(const Job& job) {
-  io::Publication pub(job.comm, job.opts.output);
+  io::Publication pub(job.comm, job.opts.output, job.lock);
   Scored s;
   {
     h5::File file = h5::File::create(job.comm, pub.temp_path());
@@ -279,11 +280,16 @@ std::uint64_t choose_unit_rows(std::uint64_t chunk_rows, std::uint64_t batch_row
 
 InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   const double t_start = MPI_Wtime();
-  const bool exists = file_exists(opts.output);
+  bool exists = file_exists(opts.output);
   mpi::agree_on(comm, [&] {
     check_options(opts, exists);
     train::set_blas_threads(opts.blas_threads);
   });
+  // Held until the report is written, so no other job writes the output meanwhile; whether the
+  // output exists is looked at again under it (another job may have published it meanwhile).
+  const io::OutputLock lock = io::OutputLock::acquire(comm, opts.output);
+  exists = file_exists(opts.output);
+  mpi::agree_on(comm, [&] { check_options(opts, exists); });
   // Collective (the node-local split that picks a GPU), so outside the check above.
   detail::EngineChoice engine;
   mpi::agree_on(comm, [&] { engine = detail::choose_engine(comm, opts); });
@@ -307,7 +313,8 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
            .batch_rows = batch},
           {.model = opts.model, .model_fingerprint = detail::model_fingerprint(model),
            .model_trained_steps = info.trained_steps, .input = opts.input,
-           .features = opts.features, .config = opts.effective_config}};
+           .features = opts.features, .config = opts.effective_config},
+          lock};
 
   InferResult r;
   r.incremental = opts.incremental && exists;

@@ -128,6 +128,10 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   IngestResult res;
   const bool output_exists = !opts.output.empty() && file_exists(opts.output);
   check_options(comm, opts, output_exists);
+  // Held from before an append reads the dataset it extends until the report is written, so
+  // no other job writes the output meanwhile.
+  OutputLock lock;
+  if (!opts.validate_only) lock = OutputLock::acquire(comm, opts.output);
 
   // The existing dataset fixes schema, normalization and histogram edges for an append.
   DatasetMeta existing;
@@ -253,7 +257,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   std::vector<h5::RowRange> rows = parsed.file_rows;
   for (h5::RowRange& r : rows) r.begin += static_cast<std::uint64_t>(opts.append ? existing.rows : 0);
   comm::progress("creating dataset {}", opts.output);
-  Publication pub(comm, opts.output);
+  Publication pub(comm, opts.output, lock);
   // An append works on a copy, so a crash at any point leaves the original untouched.
   if (opts.append) {
     comm::progress("copy of {} for the append", opts.output);

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "locus/comm/agree.hpp"
+#include "locus/comm/watchdog.hpp"
 #include "locus/io/dataset.hpp"
 #include "locus/io/file.hpp"
 
@@ -39,6 +40,49 @@ std::string temp_path_for(const std::string& final_path) {
   return (p.parent_path() / name).string();
 }
 
+std::string lock_path_for(const std::string& final_path) {
+  std::filesystem::path p(final_path);
+  std::string name(".");
+  name.append(p.filename().string()).append(".locus-lock");
+  return (p.parent_path() / name).string();
+}
+
+OutputLock OutputLock::acquire(const mpi::Comm& comm, const std::string& path,
+                               const FileLock::Say& say) {
+  OutputLock lock;
+  lock.path_ = path;
+  const FileLock::Say tell = say ? say : [](const std::string& line) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+  };
+  // Named for the watchdog, which counts a long wait for a predecessor (see FileLock::take).
+  comm::progress("taking the lock of output {}", path);
+  mpi::agree_on(comm, [&] {
+    h5::check_writable_dir(dir_of(path), path);
+    if (!comm.is_root()) return;
+    const comm::WatchdogSetting watchdog = comm::armed_watchdog();
+    const LockRecord record{fmt::format("locus output lock: the job writing '{}'", path), "",
+                            watchdog.timeout_s, watchdog.key};
+    const std::string lock_file = lock_path_for(path);
+    try {
+      lock.lock_ = FileLock::take(lock_file, fmt::format("output '{}'", path), record,
+                                  {requeue_wait_s()}, tell, FileLock::Release::remove_file);
+    } catch (const LockBusy& busy) {
+      throw ConfigError(fmt::format(
+          "output '{}' is being written by another job ({}){}: two jobs writing one output "
+          "would publish one's partial file as the other's result. Wait until {} ends and "
+          "rerun, or write to another path (its lock on '{}' goes with its process, even if it "
+          "is killed)", path, busy.holder().empty() ? "holder not recorded" : busy.holder(),
+          busy.waited_s() > 0 ? fmt::format(", an earlier instance of this Slurm job that did "
+                                            "not end within {:g} s", busy.waited_s())
+                              : "",
+          busy.holder_name(), lock_file));
+    }
+    if (!lock.lock_.warning().empty()) tell(lock.lock_.warning());
+  });
+  return lock;
+}
+
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
   if (fd < 0) io_fail("cannot open for fsync", path);
@@ -50,7 +94,26 @@ void fsync_path(const std::string& path, bool directory) {
 }
 
 Publication::Publication(const mpi::Comm& comm, std::string final_path)
+    : own_lock_(OutputLock::acquire(comm, final_path)), comm_(comm.view()),
+      final_(std::move(final_path)), temp_(temp_path_for(final_)) {
+  remove_leftover();
+}
+
+Publication::Publication(const mpi::Comm& comm, std::string final_path, const OutputLock& held)
     : comm_(comm.view()), final_(std::move(final_path)), temp_(temp_path_for(final_)) {
+  if (held.path() != final_) {
+    throw InternalError(fmt::format("a publication of '{}' under the lock of '{}'", final_,
+                                    held.path()));
+  }
+  remove_leftover();
+}
+
+Publication::Publication(const mpi::Comm& comm, std::string final_path, DirectoryLocked)
+    : comm_(comm.view()), final_(std::move(final_path)), temp_(temp_path_for(final_)) {
+  remove_leftover();
+}
+
+void Publication::remove_leftover() {
   mpi::agree_on(comm_, [&] {
     h5::check_writable_dir(dir_of(final_), final_);
     if (comm_.is_root() && ::unlink(temp_.c_str()) != 0 && errno != ENOENT)

@@ -193,7 +193,7 @@ SaveResult save_checkpoint(const mpi::Comm& comm, const std::string& dir,
                                 "directory or fix the permissions", dir, ec.message()));
     }
   });
-  io::Publication pub(comm, r.path);
+  io::Publication pub(comm, r.path, io::Publication::DirectoryLocked{});  // under the .lock
   if (write_checkpoint_file(comm, pub.temp_path(), data, write) == WriteOutcome::abandoned) {
     pub.abandon();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,23 +1,60 @@
 // Atomic publication of output files: everything is written under a temporary name beside the
 // final one and renamed only after every rank closed it successfully, so a failed or killed run
 // never leaves a file under the final name. The temporary name is deterministic, so a rerun
-// overwrites its own leftovers.
+// overwrites its own leftovers; the output's lock (OutputLock) keeps a second job from writing
+// the same output meanwhile.
 #pragma once
 
 #include <string>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/io/file_lock.hpp"
 
 namespace locus::io {
 
 // The temporary path used for `final_path`: "<dir>/.<name>.locus-tmp".
 std::string temp_path_for(const std::string& final_path);
+// The lock file of the output `final_path`: "<dir>/.<name>.locus-lock".
+std::string lock_path_for(const std::string& final_path);
+
+// Ownership of an output by one job while it writes it (a publication, or an append or
+// extension in place): comm's rank 0 holds a FileLock on lock_path_for(path), removed on
+// release. Without it, a second job writing the same output removes the first one's temporary
+// file and writes its own under that name, and the first one then publishes the second one's
+// partial file as its result (docs/RELIABILITY.md, "Two jobs, one output").
+class OutputLock {
+ public:
+  OutputLock() = default;  // holds nothing
+
+  // Collective over comm. Checks on every rank that the output directory is writable (an
+  // agreed IoError otherwise); rank 0 takes the lock, recording the process's armed watchdog.
+  // Held by another job: a ConfigError (agreed) naming the output, the holder and what to do;
+  // nothing is changed. An earlier instance of this Slurm job is waited for (requeue_wait_s()
+  // plus its recorded watchdog), told once by `say` on rank 0 (default: standard error), as is
+  // the warning of a file system without locks.
+  static OutputLock acquire(const mpi::Comm& comm, const std::string& path,
+                            const FileLock::Say& say = {});
+
+  const std::string& path() const noexcept { return path_; }
+  bool held() const noexcept { return lock_.held(); }  // rank 0, where locks work
+
+ private:
+  FileLock lock_;
+  std::string path_;
+};
 
 class Publication {
  public:
-  // Collective over comm. Checks on every rank that the output directory is writable (an
-  // agreed IoError otherwise) and removes a leftover temporary file of an earlier run.
+  // Collective over comm. Takes the output's lock (OutputLock::acquire), then removes a
+  // leftover temporary file of an earlier run.
   Publication(const mpi::Comm& comm, std::string final_path);
+  // The same under the output's lock the caller holds already (taken before it read the output
+  // it appends to); InternalError when `held` is another path's.
+  Publication(const mpi::Comm& comm, std::string final_path, const OutputLock& held);
+  // For an output whose whole directory the caller holds locked (train::CheckpointDirLock):
+  // no lock of its own.
+  struct DirectoryLocked {};
+  Publication(const mpi::Comm& comm, std::string final_path, DirectoryLocked);
   Publication(const Publication&) = delete;
   Publication& operator=(const Publication&) = delete;
   // Without a commit, removes the temporary file (rank 0, best effort).
@@ -34,6 +71,9 @@ class Publication {
   void abandon();
 
  private:
+  void remove_leftover();
+
+  OutputLock own_lock_;  // released last, after the destructor removed the temporary file
   mpi::Comm comm_;
   std::string final_;
   std::string temp_;

@@ -1,0 +1,207 @@
+// The output lock at 1, 2 and 4 ranks: a second writer of one output is refused on every rank
+// and changes nothing (before the lock it removed the first writer's temporary file, and the
+// first then published the second's partial file); the lock file goes with its holder, also
+// one a killed holder left; a publication under a held lock or a directory lock; a requeued
+// Slurm job waiting for its predecessor (longer for one whose watchdog was armed).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "agreed_error.hpp"
+#include "locus/comm/watchdog.hpp"
+#include "locus/io/publish.hpp"
+#include "scoped_env.hpp"
+#include "shared_tmpdir.hpp"
+
+namespace locus::io::test {
+namespace {
+
+namespace fs = std::filesystem;
+using locus::test::agreed_error;
+using locus::test_support::ScopedEnv;
+
+const mpi::Comm& world() {
+  static const mpi::Comm w = mpi::Comm::world();
+  return w;
+}
+
+long root_pid() {
+  std::int64_t pid = ::getpid();
+  world().bcast(std::span<std::int64_t>(&pid, 1));
+  return static_cast<long>(pid);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Names and contents of a directory's files.
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = slurp(e.path());
+  return out;
+}
+
+// Whether the lock file exists, seen by every rank between two barriers: after rank 0 changed
+// it, before rank 0 goes on to change it again.
+bool lock_file_exists(const std::string& out) {
+  world().barrier();
+  const bool exists = fs::exists(lock_path_for(out));
+  world().barrier();
+  return exists;
+}
+
+TEST(OutputLock, SecondWriterIsRefusedEverywhereAndChangesNothing) {
+  locus::test::SharedTmpDir tmp(world());
+  const std::string out = tmp.file("out.h5");
+  if (world().is_root()) std::ofstream(out) << "the previous output";
+  Publication first(world(), out);
+  EXPECT_EQ(lock_path_for(out), tmp.file(".out.h5.locus-lock"));
+  if (world().is_root()) std::ofstream(first.temp_path()) << "the first job's rows";
+  world().barrier();
+  const auto before = snapshot(tmp.path());
+  ASSERT_TRUE(before.contains(".out.h5.locus-lock"));
+  const std::string holder = describe_lock_holder(lock_path_for(out));
+  EXPECT_NE(holder.find(fmt::format("pid {}", root_pid())), std::string::npos) << holder;
+  EXPECT_NE(holder.find("host " + mpi::hostname()), std::string::npos) << holder;
+  world().barrier();  // every rank took its snapshot before the refused jobs probe the directory
+
+  const std::string why = agreed_error<ConfigError>([&] { Publication second(world(), out); });
+  EXPECT_NE(why.find(fmt::format("output '{}' is being written by another job (host {}, pid {}",
+                                 out, mpi::hostname(), root_pid())),
+            std::string::npos) << why;
+  EXPECT_NE(why.find(fmt::format("Wait until process {} on {} ends", root_pid(), mpi::hostname())),
+            std::string::npos) << why;
+  EXPECT_NE(why.find(lock_path_for(out)), std::string::npos) << why;
+  // An OutputLock alone (an append or an incremental run) is refused alike.
+  EXPECT_NE(agreed_error<ConfigError>([&] { OutputLock::acquire(world(), out); })
+                .find("is being written by another job"), std::string::npos);
+  world().barrier();
+  EXPECT_EQ(snapshot(tmp.path()), before) << "a refused job changed the directory";
+  world().barrier();
+
+  first.commit();
+  EXPECT_EQ(slurp(out), "the first job's rows");
+  EXPECT_TRUE(lock_file_exists(out)) << "held until the publication ends";
+}
+
+TEST(OutputLock, LockFileGoesWithItsHolderAndALeftOverOneIsTaken) {
+  locus::test::SharedTmpDir tmp(world());
+  const std::string out = tmp.file("out.h5");
+  {
+    Publication pub(world(), out);
+    EXPECT_TRUE(lock_file_exists(out));
+    if (world().is_root()) std::ofstream(pub.temp_path()) << "rows";
+    world().barrier();
+    pub.commit();
+  }
+  EXPECT_FALSE(lock_file_exists(out)) << "a committed publication leaves no lock file";
+  {
+    Publication pub(world(), out);
+    world().barrier();
+  }  // abandoned, as when an error unwinds the app
+  EXPECT_FALSE(lock_file_exists(out)) << "an abandoned publication leaves no lock file";
+  // A holder killed by SIGKILL leaves its lock file, unlocked: the next job takes and removes it.
+  if (world().is_root()) std::ofstream(lock_path_for(out)) << "host gone\npid 1\nslurm_job -\n";
+  world().barrier();
+  {
+    OutputLock lock = OutputLock::acquire(world(), out);
+    EXPECT_EQ(lock.held(), world().is_root()) << "rank 0 alone holds the lock";
+    EXPECT_NE(describe_lock_holder(lock_path_for(out)).find(fmt::format("pid {}", root_pid())),
+              std::string::npos) << "the record is this holder's";
+    // Moving the lock moves the ownership; the moved-from one releases nothing.
+    OutputLock moved = std::move(lock);
+    EXPECT_TRUE(lock_file_exists(out));
+    EXPECT_NE(agreed_error<ConfigError>([&] { OutputLock::acquire(world(), out); }), "");
+  }
+  EXPECT_FALSE(lock_file_exists(out));
+}
+
+TEST(OutputLock, PublicationUnderAHeldLockOrADirectoryLock) {
+  locus::test::SharedTmpDir tmp(world());
+  const std::string out = tmp.file("out.h5");
+  {
+    const OutputLock lock = OutputLock::acquire(world(), out);
+    {
+      Publication pub(world(), out, lock);  // no second lock of its own: no self-refusal
+      if (world().is_root()) std::ofstream(pub.temp_path()) << "rows";
+      world().barrier();
+      pub.commit();
+    }
+    EXPECT_TRUE(lock_file_exists(out)) << "the caller's lock outlives the publication";
+    EXPECT_THROW(Publication(world(), tmp.file("other.h5"), lock), InternalError);
+  }
+  EXPECT_FALSE(lock_file_exists(out));
+  EXPECT_EQ(slurp(out), "rows");
+  Publication pub(world(), tmp.file("ckpt.h5"), Publication::DirectoryLocked{});
+  EXPECT_FALSE(lock_file_exists(tmp.file("ckpt.h5"))) << "under a directory lock: none of its own";
+}
+
+TEST(OutputLock, UnwritableDirectoryIsAnIoErrorBeforeAnyLock) {
+  const std::string why =
+      agreed_error<IoError>([] { OutputLock::acquire(world(), "/proc/locus-out.h5"); });
+  EXPECT_NE(why.find("/proc"), std::string::npos) << why;
+}
+
+// A requeued Slurm job whose previous instance still writes the output waits for it; the
+// predecessor's armed watchdog, recorded in the lock file, lengthens the wait.
+TEST(OutputLock, RequeuedJobWaitsForItsPredecessorsWatchdog) {
+  locus::test::SharedTmpDir tmp(world());
+  const std::string out = tmp.file("out.h5");
+  const ScopedEnv job("SLURM_JOB_ID", "4245");
+  const ScopedEnv no_wait("LOCUS_TEST_REQUEUE_WAIT_S", "0");
+  {
+    const OutputLock first = OutputLock::acquire(world(), out);
+    // No watchdog recorded and no wait: refused at once, named as an earlier instance.
+    const std::string why = agreed_error<ConfigError>([&] { OutputLock::acquire(world(), out); });
+    EXPECT_NE(why.find("an earlier instance of this Slurm job that did not end within"),
+              std::string::npos) << why;
+    EXPECT_NE(why.find("Wait until Slurm job 4245 ends"), std::string::npos) << why;
+  }
+  std::optional<OutputLock> first;
+  {
+    const comm::Watchdog watchdog(600, "infer.watchdog_s", [](const std::string&) {});
+    first = OutputLock::acquire(world(), out);
+  }
+  EXPECT_NE(describe_lock_holder(lock_path_for(out)).find("infer.watchdog_s 600"),
+            std::string::npos) << describe_lock_holder(lock_path_for(out));
+  world().barrier();
+  // Rank 0, which holds the lock, releases it once the wait was announced.
+  std::atomic<bool> announced{false};
+  std::string said;
+  std::thread predecessor([&] {
+    for (int i = 0; i < 1000 && world().is_root() && !announced.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    first.reset();
+  });
+  const OutputLock second = OutputLock::acquire(world(), out, [&](const std::string& line) {
+    said += line;
+    announced.store(true);
+  });
+  predecessor.join();
+  if (world().is_root()) {
+    EXPECT_NE(said.find(fmt::format("output '{}' is held by an earlier instance of this Slurm "
+                                    "job", out)), std::string::npos) << said;
+    EXPECT_NE(said.find("waiting up to 600 s for it to end (its infer.watchdog_s = 600 ends it"),
+              std::string::npos) << said;
+  }
+  EXPECT_TRUE(lock_file_exists(out)) << "the successor holds a lock file of its own";
+  EXPECT_EQ(describe_lock_holder(lock_path_for(out)).find("watchdog"), std::string::npos)
+      << "the successor armed no watchdog: " << describe_lock_holder(lock_path_for(out));
+  world().barrier();
+}
+
+}  // namespace
+}  // namespace locus::io::test
