@@ -25,16 +25,24 @@ class AppRunner:
         return [self.mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(n), *self.wrapper,
                 os.path.join(self.bindir, app), *args]
 
-    def run(self, app, *args, ranks=None, env=None, cwd=None):
-        cmd = self.command(app, *args, ranks=ranks)
+    @staticmethod
+    def environment(env=None):
         full_env = dict(os.environ)
         full_env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                          "OPENBLAS_NUM_THREADS": "1"})
         if env:
             full_env.update(env)
-        p = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd,
-                           timeout=600)
-        return p
+        return full_env
+
+    def run(self, app, *args, ranks=None, env=None, cwd=None):
+        cmd = self.command(app, *args, ranks=ranks)
+        return subprocess.run(cmd, capture_output=True, text=True, env=self.environment(env),
+                              cwd=cwd, timeout=600)
+
+    def start(self, app, *args, ranks=None, env=None):
+        """The app started in the background (a subprocess.Popen with text pipes)."""
+        return subprocess.Popen(self.command(app, *args, ranks=ranks), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.environment(env))
 
 
 def check(cond, msg, proc=None):
@@ -58,6 +66,28 @@ def read_dataset(path):
         y = f["labels"][:n] if "labels" in f else None
         attrs = {k: f["features"].attrs[k] for k in f["features"].attrs}
         return x, y, attrs
+
+
+def lock_path(path):
+    """The output lock's file beside `path` (io::lock_path_for)."""
+    d, name = os.path.split(path)
+    return os.path.join(d, "." + name + ".locus-lock")
+
+
+def hold_lock_file(path):
+    """Another process holding `path` locked as a job would (util-linux flock(1), which writes
+    no holder record), in a session of its own; returns it once the lock is taken. End it with
+    os.killpg(p.pid, signal.SIGKILL): its lock goes with it."""
+    ready = path + ".ready"
+    p = subprocess.Popen(["flock", "-n", "-o", path, "sh", "-c", f"touch '{ready}'; exec sleep 120"],
+                         start_new_session=True)
+    for _ in range(600):
+        if os.path.exists(ready) or p.poll() is not None:
+            break
+        time.sleep(0.01)
+    check(os.path.exists(ready), f"flock(1) did not take {path}")
+    os.remove(ready)
+    return p
 
 
 def no_outputs(path):

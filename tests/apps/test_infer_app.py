@@ -4,7 +4,10 @@ after locus-ingest --append (also after a crash before the watermark), plain HDF
 checkpoints, accuracy equal to the trainer's evaluation, bad inputs."""
 import json
 import os
+import re
+import signal
 import sys
+import time
 
 # Many runs here fail on purpose; Open MPI's mpiexec then waits odls_base_sigkill_timeout (1 s)
 # per step of tearing the job down, about 2 s per failed run. The ranks of an agreed error have
@@ -14,7 +17,7 @@ os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
 import h5py
 import numpy as np
 
-from apphelpers import FASHION, check, expect_exit, main, no_outputs
+from apphelpers import FASHION, check, expect_exit, hold_lock_file, lock_path, main, no_outputs
 
 EXIT_CONFIG, EXIT_DATA = 2, 3
 DATASETS = ("scores", "predicted", "topk_classes", "topk_scores")
@@ -415,10 +418,75 @@ def test_cuda_backend_where_it_cannot_run(r, tmp):
     check(no_outputs(out), "nothing may be published", p)
 
 
+def test_a_second_job_writing_the_output_is_refused(r, tmp):
+    """Before the output lock, a second job writing a running one's output removed the first
+    one's temporary file and wrote its own under that name; the first then published the
+    second's partial file and exited 0. Now the second is refused (exit 2, agreed by every rank) and
+    changes nothing; the first publishes its own rows; the lock file goes with its holder."""
+    test, _, _ = ingest_fashion_test(r, tmp)
+    model = write_model(os.path.join(tmp, "m.h5"), [784, 64, 10], seed=4)
+    ref_out = os.path.join(tmp, "ref.h5")
+    expect_exit(infer(r, model, test, ref_out, "--infer.unit_rows=1000"), 0)
+    out = os.path.join(tmp, "s.h5")
+    lock = lock_path(out)
+    # The first job: every rank sleeps 1 s before each of the 10 units (5 s at 2 ranks).
+    slow = ",".join(str(i) for i in range(r.ranks))
+    first = r.start("locus-infer", f"--infer.model={model}", f"--infer.input={test}",
+                    f"--infer.output={out}", "--infer.unit_rows=1000", f"--infer.slow_ranks={slow}",
+                    "--infer.slow_ms=1000")
+    try:
+        record = ""
+        for _ in range(3000):
+            if first.poll() is not None:
+                break
+            if os.path.exists(lock):
+                with open(lock) as f:
+                    record = f.read()
+                if re.search(r"^pid \d+$", record, re.M):
+                    break
+            time.sleep(0.01)
+        pid = re.search(r"^pid (\d+)$", record, re.M)
+        check(pid is not None, f"the first job never held {lock}: {record!r}")
+        second = infer(r, model, test, out, "--overwrite")
+        check(first.poll() is None, "the first job ended before the second was refused: the test "
+              "proves nothing (a machine this slow needs a longer first job)")
+        expect_exit(second, 2, f"output '{out}' is being written by another job",
+                    f"pid {pid.group(1)}", f"Wait until process {pid.group(1)} on", lock)
+        check(os.path.exists(os.path.join(tmp, ".s.h5.locus-tmp")),
+              "the refused job removed the first one's temporary file")
+        with open(lock) as f:
+            check(f.read() == record, "the refused job changed the first one's lock file")
+        stdout, stderr = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    check(first.returncode == 0, f"the first job failed: {stdout}{stderr}")
+    s, _ = read_scores(out)
+    ref, _ = read_scores(ref_out)
+    same(s, ref, "the first job's output")
+    check(not os.path.exists(lock), "the lock file must go with the job that held it")
+
+    # A holder that wrote no record (flock(1)) is named as such; once it is killed, its lock is
+    # free and the next job takes the lock file and removes it.
+    holder = hold_lock_file(lock)
+    try:
+        p = infer(r, model, test, out, "--overwrite")
+        expect_exit(p, 2, f"output '{out}' is being written by another job (holder not recorded)")
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    same(read_scores(out)[0], ref, "the output after a refused job")
+    check(os.path.exists(lock), "flock(1) left its lock file")
+    expect_exit(infer(r, model, test, out, "--overwrite", "--infer.unit_rows=1000"), 0)
+    check(not os.path.exists(lock), "the lock file a killed holder left must be taken and removed")
+
+
 # Rank-independent checks (the model format against PyTorch, argument and input errors) run at
 # 2 ranks only, to keep CI short: test_model_file and test_infer cover model reading and agreed
 # errors at 1, 2 and 4 ranks.
 AT_2_RANKS_ONLY = ("test_pytorch_model_matches_torch_forward",
+                   "test_a_second_job_writing_the_output_is_refused",
                    "test_bad_inputs_give_clear_errors_and_no_output",
                    "test_cuda_backend_where_it_cannot_run")
 
@@ -429,6 +497,7 @@ if __name__ == "__main__":
            test_default_pipeline_matches_the_trainers_evaluation,
            test_checkpoint_plain_input_and_regression_models,
            test_bad_inputs_give_clear_errors_and_no_output,
+           test_a_second_job_writing_the_output_is_refused,
            test_cuda_backend_where_it_cannot_run]
     RANKS = int(sys.argv[2])
     main([t for t in ALL if RANKS == 2 or t.__name__ not in AT_2_RANKS_ONLY])
