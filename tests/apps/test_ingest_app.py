@@ -5,12 +5,14 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 import h5py
 import numpy as np
 
-from apphelpers import FASHION, check, expect_exit, main, no_outputs, read_dataset
+from apphelpers import (FASHION, check, expect_exit, hold_lock_file, lock_path, main, no_outputs,
+                        read_dataset)
 
 # Many runs here fail on purpose (gates, bad inputs, config errors): do not wait for Open MPI's
 # kill timeout after each (see test_infer_app.py). The two runs that kill a rank keep Open MPI's
@@ -256,8 +258,11 @@ def test_append_equals_full_ingest_and_survives_a_crash(r, tmp):
     check(filecmp.cmp(out, backup, shallow=False), "a crashed append changed the dataset")
     x0, _, _ = read_dataset(out)
     check(x0.shape[0] == 500, "committed rows changed after a crash")
-    # The rerun completes; the result equals a full ingest of all rows.
+    check(os.path.exists(lock_path(out)), "a killed rank 0 leaves its output lock's file")
+    # The rerun completes (taking the lock file the killed job left); the result equals a full
+    # ingest of all rows.
     expect_exit(csv_ingest(r, tmp, b, out, "--append"), 0, "appended 400 rows")
+    check(not os.path.exists(lock_path(out)), "the rerun must remove the output lock's file")
     x, y, attrs = read_dataset(out)
     xr, yr, ar = read_dataset(ref)
     check(np.array_equal(x, xr) and np.array_equal(y, yr), "append differs from a full ingest")
@@ -265,6 +270,37 @@ def test_append_equals_full_ingest_and_survives_a_crash(r, tmp):
     for k in ("mean", "std", "min", "max"):
         check(np.allclose(attrs[k], ar[k], rtol=1e-9, atol=1e-12), f"merged {k} differs")
     check(np.array_equal(attrs["hist_counts"].sum(), ar["hist_counts"].sum()), "histogram total")
+
+
+def test_append_to_an_output_another_job_writes_is_refused(r, tmp):
+    """While another job holds the output's lock (io::OutputLock), an append is refused before
+    it reads the dataset (two appends would each add their rows to the same old dataset, and
+    the later publication would drop the earlier one's rows); --validate-only writes nothing
+    and still runs."""
+    rng = np.random.default_rng(8)
+    rows = gaussian_rows(rng, 600)
+    a, b = os.path.join(tmp, "a.csv"), os.path.join(tmp, "b.csv")
+    write_csv(a, HEADER, rows[:400])
+    write_csv(b, HEADER, rows[400:])
+    out = os.path.join(tmp, "out.h5")
+    expect_exit(csv_ingest(r, tmp, a, out), 0)
+    backup = os.path.join(tmp, "backup.h5")
+    shutil.copy(out, backup)
+    holder = hold_lock_file(lock_path(out))
+    try:
+        p = csv_ingest(r, tmp, b, out, "--append")
+        expect_exit(p, EXIT_CONFIG, f"output '{out}' is being written by another job (holder not "
+                    "recorded)", "Wait until that job ends")
+        check(filecmp.cmp(out, backup, shallow=False), "a refused append changed the dataset")
+        check(not os.path.exists(os.path.join(tmp, ".out.h5.locus-tmp")),
+              "a refused append wrote a temporary file")
+        expect_exit(csv_ingest(r, tmp, b, out, "--append", "--validate-only"), 0)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    expect_exit(csv_ingest(r, tmp, b, out, "--append"), 0, "appended 200 rows")
+    check(read_dataset(out)[0].shape[0] == 600, "the append after the holder ended")
+    check(not os.path.exists(lock_path(out)), "the append must remove the output lock's file")
 
 
 def dataset_bytes(path):
@@ -383,4 +419,5 @@ if __name__ == "__main__":
           test_same_bytes_at_any_rank_count_schedule_or_straggler,
           test_append_rerun_after_its_publication_adds_nothing,
           test_documented_h5py_dataset_is_readable],
-         once=[test_validate_only_writes_report_only, test_config_errors_name_the_key])
+         once=[test_validate_only_writes_report_only, test_config_errors_name_the_key,
+               test_append_to_an_output_another_job_writes_is_refused])
