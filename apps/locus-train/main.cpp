@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "locus/comm/agree.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/comm/watchdog.hpp"
+#include "locus/io/publish.hpp"
 #include "locus/train/grid.hpp"
 #include "locus/train/checkpoint/checkpoint.hpp"
 #include "locus/train/model/model_file.hpp"
@@ -157,6 +159,29 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     mpi::agree_on(world, [&] { g.emplace(world, opts.pipeline_stages); });
     return std::move(*g);
   }();
+  // The directories of the model and metrics files are created (as the metrics file's always
+  // was); a second job writing either file is then refused here, before it trains (an earlier
+  // instance of this Slurm job is waited for). Held until the run ends.
+  mpi::agree_on(grid.world(), [&] {
+    if (!grid.world().is_root()) return;
+    for (const auto& [path, key] : {std::pair{settings.output, "train.output"},
+                                    std::pair{settings.metrics, "train.metrics"}}) {
+      const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+      if (ec) {
+        throw IoError(fmt::format("cannot create the directory '{}' of {} = '{}': {}; choose "
+                                  "another path or fix the permissions", dir.string(), key, path,
+                                  ec.message()));
+      }
+    }
+  });
+  std::optional<io::OutputLock> model_lock, metrics_lock;
+  const auto lock = [&](const std::string& path, const char* key) {
+    return io::OutputLock::acquire(grid.world(), path, key, say);
+  };
+  if (!settings.output.empty()) model_lock.emplace(lock(settings.output, "train.output"));
+  if (!settings.metrics.empty()) metrics_lock.emplace(lock(settings.metrics, "train.metrics"));
   std::optional<train::Trainer> trainer(std::in_place, grid, opts);
   std::optional<train::Checkpointer> checkpointer(
       std::in_place, *trainer, ckpt, config.effective_ini(),
@@ -253,7 +278,7 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     info.dataset = opts.data.path;
     info.config = config.effective_ini();
     comm::progress("writing the model file {} (collective)", settings.output);
-    train::write_model_file(grid.world(), settings.output, model, info);
+    train::write_model_file(grid.world(), settings.output, model, info, &*model_lock);
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   progress.summary(opts, summary, settings.output, wall);

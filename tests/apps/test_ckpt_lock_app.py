@@ -3,7 +3,8 @@ mpiexec): a second job on a locked directory exits 2 at once, saying which job h
 to do, without touching the directory, while the first goes on; after the first exits (exit 75
 after SIGTERM) or is SIGKILLed, a new job takes the directory and resumes its checkpoints; a
 requeued Slurm job (the same SLURM_JOB_ID) waits for its predecessor instead of failing;
-locus-ckpt's read-only commands ignore the lock."""
+locus-ckpt's read-only commands ignore the lock. A job writing the running one's model or
+metrics file is refused alike (the output lock, io::OutputLock)."""
 import os
 import signal
 import subprocess
@@ -18,8 +19,8 @@ HOLDER = ["--checkpoint.dir=ck", "--checkpoint.every_steps=2", "--checkpoint.kee
           "--train.metrics=", "--train.output=holder.h5"]
 
 
-def start_holder(r, tmp, job):
-    cmd, env = launch_command(r, "locus-train", *BASE, *HOLDER,
+def start_holder(r, tmp, job, holder=HOLDER):
+    cmd, env = launch_command(r, "locus-train", *BASE, *holder,
                               env={"LOCUS_TEST_HOOK": "ckpt-step-boundary:sleep1",
                                    "SLURM_JOB_ID": job})
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
@@ -130,7 +131,37 @@ def test_requeued_job_waits_for_its_predecessor(r, tmp):
     expect_exit(p, 0, "resumed from ck/ckpt-")
 
 
+def test_a_job_writing_the_running_ones_model_or_metrics_is_refused(r, tmp):
+    prepare(r, tmp)
+    holder_args = [a for a in HOLDER if not a.startswith("--train.metrics")]
+    holder = start_holder(r, tmp, "4001", holder_args + ["--train.metrics=holder.jsonl"])
+    try:
+        for key, args in (("train.output", ["--train.output=holder.h5", "--train.metrics="]),
+                          ("train.metrics", ["--train.output=b.h5",
+                                             "--train.metrics=holder.jsonl"])):
+            p = train(r, tmp, "--checkpoint.dir=ck2", *args, env={"SLURM_JOB_ID": "4002"})
+            path = "holder.h5" if key == "train.output" else "holder.jsonl"
+            expect_exit(p, EXIT_CONFIG, f"output '{path}' ({key}) is being written by another "
+                        "job", "Slurm job 4001", "Wait until Slurm job 4001 ends")
+            check("epoch" not in p.stdout, "the refused job trained", p)
+            for name in ("ck2", "b.h5", ".b.h5.locus-lock"):
+                check(not os.path.exists(os.path.join(tmp, name)),
+                      f"the refused job wrote {name}", p)
+        check(holder.poll() is None, "the holder stopped")
+    finally:
+        stop(holder)  # SIGKILL: the model was never written; the lock files stay, unlocked
+    for name in (".holder.h5.locus-lock", ".holder.jsonl.locus-lock"):
+        check(os.path.exists(os.path.join(tmp, name)), f"the killed holder left no {name}")
+    q = train(r, tmp, "--checkpoint.dir=ck2", "--train.output=holder.h5",
+              "--train.metrics=holder.jsonl", env={"SLURM_JOB_ID": "4003"})
+    expect_exit(q, 0)
+    check(os.path.exists(os.path.join(tmp, "holder.h5")), "the next job wrote no model", q)
+    for name in (".holder.h5.locus-lock", ".holder.jsonl.locus-lock"):
+        check(not os.path.exists(os.path.join(tmp, name)), f"the next job left {name}", q)
+
+
 if __name__ == "__main__":
     main([test_second_job_is_refused_and_the_first_goes_on,
           test_killed_holder_leaves_no_stale_lock,
-          test_requeued_job_waits_for_its_predecessor])
+          test_requeued_job_waits_for_its_predecessor,
+          test_a_job_writing_the_running_ones_model_or_metrics_is_refused])

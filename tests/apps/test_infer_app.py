@@ -450,7 +450,7 @@ def test_a_second_job_writing_the_output_is_refused(r, tmp):
         second = infer(r, model, test, out, "--overwrite")
         check(first.poll() is None, "the first job ended before the second was refused: the test "
               "proves nothing (a machine this slow needs a longer first job)")
-        expect_exit(second, 2, f"output '{out}' is being written by another job",
+        expect_exit(second, 2, f"output '{out}' (infer.output) is being written by another job",
                     f"pid {pid.group(1)}", f"Wait until process {pid.group(1)} on", lock)
         check(os.path.exists(os.path.join(tmp, ".s.h5.locus-tmp")),
               "the refused job removed the first one's temporary file")
@@ -472,7 +472,8 @@ def test_a_second_job_writing_the_output_is_refused(r, tmp):
     holder = hold_lock_file(lock)
     try:
         p = infer(r, model, test, out, "--overwrite")
-        expect_exit(p, 2, f"output '{out}' is being written by another job (holder not recorded)")
+        expect_exit(p, 2, f"output '{out}' (infer.output) is being written by another job "
+                    "(holder not recorded)")
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()

@@ -289,8 +289,8 @@ def test_append_to_an_output_another_job_writes_is_refused(r, tmp):
     holder = hold_lock_file(lock_path(out))
     try:
         p = csv_ingest(r, tmp, b, out, "--append")
-        expect_exit(p, EXIT_CONFIG, f"output '{out}' is being written by another job (holder not "
-                    "recorded)", "Wait until that job ends")
+        expect_exit(p, EXIT_CONFIG, f"output '{out}' (ingest.output) is being written by another "
+                    "job (holder not recorded)", "Wait until that job ends")
         check(filecmp.cmp(out, backup, shallow=False), "a refused append changed the dataset")
         check(not os.path.exists(os.path.join(tmp, ".out.h5.locus-tmp")),
               "a refused append wrote a temporary file")

@@ -49,7 +49,8 @@ std::string slurp(const std::string& path) {
 // Names and contents of a directory's files.
 std::map<std::string, std::string> snapshot(const std::string& dir) {
   std::map<std::string, std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = slurp(e.path());
+  for (const auto& e : fs::directory_iterator(dir))
+    out[e.path().filename().string()] = slurp(e.path().string());
   return out;
 }
 
@@ -186,7 +187,7 @@ TEST(OutputLock, RequeuedJobWaitsForItsPredecessorsWatchdog) {
     }
     first.reset();
   });
-  const OutputLock second = OutputLock::acquire(world(), out, [&](const std::string& line) {
+  const OutputLock second = OutputLock::acquire(world(), out, {}, [&](const std::string& line) {
     said += line;
     announced.store(true);
   });

@@ -287,7 +287,7 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   });
   // Held until the report is written, so no other job writes the output meanwhile; whether the
   // output exists is looked at again under it (another job may have published it meanwhile).
-  const io::OutputLock lock = io::OutputLock::acquire(comm, opts.output);
+  const io::OutputLock lock = io::OutputLock::acquire(comm, opts.output, "infer.output");
   exists = file_exists(opts.output);
   mpi::agree_on(comm, [&] { check_options(opts, exists); });
   // Collective (the node-local split that picks a GPU), so outside the check above.

@@ -180,7 +180,8 @@ FileLock FileLock::take(const std::string& path, std::string_view what, const Lo
   for (;;) {
     // Only read access is needed to lock; a lock file another user created may be read-only.
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0 && (errno == EACCES || errno == EROFS)) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && (errno == EACCES || errno == EROFS))
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       throw IoError(fmt::format("cannot open the lock file '{}' of {}: {}; fix the permissions "
                                 "or choose another path", path, what, std::strerror(errno)));

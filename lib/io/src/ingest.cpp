@@ -131,7 +131,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   // Held from before an append reads the dataset it extends until the report is written, so
   // no other job writes the output meanwhile.
   OutputLock lock;
-  if (!opts.validate_only) lock = OutputLock::acquire(comm, opts.output);
+  if (!opts.validate_only) lock = OutputLock::acquire(comm, opts.output, "ingest.output");
 
   // The existing dataset fixes schema, normalization and histogram edges for an append.
   DatasetMeta existing;

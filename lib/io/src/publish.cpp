@@ -48,7 +48,7 @@ std::string lock_path_for(const std::string& final_path) {
 }
 
 OutputLock OutputLock::acquire(const mpi::Comm& comm, const std::string& path,
-                               const FileLock::Say& say) {
+                               std::string_view key, const FileLock::Say& say) {
   OutputLock lock;
   lock.path_ = path;
   const FileLock::Say tell = say ? say : [](const std::string& line) {
@@ -57,6 +57,8 @@ OutputLock OutputLock::acquire(const mpi::Comm& comm, const std::string& path,
   };
   // Named for the watchdog, which counts a long wait for a predecessor (see FileLock::take).
   comm::progress("taking the lock of output {}", path);
+  const std::string what = key.empty() ? fmt::format("output '{}'", path)
+                                       : fmt::format("output '{}' ({})", path, key);
   mpi::agree_on(comm, [&] {
     h5::check_writable_dir(dir_of(path), path);
     if (!comm.is_root()) return;
@@ -65,14 +67,14 @@ OutputLock OutputLock::acquire(const mpi::Comm& comm, const std::string& path,
                             watchdog.timeout_s, watchdog.key};
     const std::string lock_file = lock_path_for(path);
     try {
-      lock.lock_ = FileLock::take(lock_file, fmt::format("output '{}'", path), record,
-                                  {requeue_wait_s()}, tell, FileLock::Release::remove_file);
+      lock.lock_ = FileLock::take(lock_file, what, record, {requeue_wait_s()}, tell,
+                                  FileLock::Release::remove_file);
     } catch (const LockBusy& busy) {
       throw ConfigError(fmt::format(
-          "output '{}' is being written by another job ({}){}: two jobs writing one output "
-          "would publish one's partial file as the other's result. Wait until {} ends and "
-          "rerun, or write to another path (its lock on '{}' goes with its process, even if it "
-          "is killed)", path, busy.holder().empty() ? "holder not recorded" : busy.holder(),
+          "{} is being written by another job ({}){}: two jobs writing one output would "
+          "publish one's partial file as the other's result. Wait until {} ends and rerun, or "
+          "write to another path (its lock on '{}' goes with its process, even if it is "
+          "killed)", what, busy.holder().empty() ? "holder not recorded" : busy.holder(),
           busy.waited_s() > 0 ? fmt::format(", an earlier instance of this Slurm job that did "
                                             "not end within {:g} s", busy.waited_s())
                               : "",

@@ -289,8 +289,9 @@ void write_model(h5::File& file, const std::string& group, const Mlp& model,
 }
 
 void write_model_file(const mpi::Comm& comm, const std::string& path, const Mlp& model,
-                      const ModelInfo& info) {
-  io::Publication pub(comm, path);
+                      const ModelInfo& info, const io::OutputLock* held) {
+  io::Publication pub = held != nullptr ? io::Publication(comm, path, *held)
+                                        : io::Publication(comm, path);
   {
     h5::File file = h5::File::create(comm, pub.temp_path());
     write_model(file, "/", model, info);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "locus/comm/mpi.hpp"
 #include "locus/io/file_lock.hpp"
@@ -28,12 +29,13 @@ class OutputLock {
 
   // Collective over comm. Checks on every rank that the output directory is writable (an
   // agreed IoError otherwise); rank 0 takes the lock, recording the process's armed watchdog.
-  // Held by another job: a ConfigError (agreed) naming the output, the holder and what to do;
-  // nothing is changed. An earlier instance of this Slurm job is waited for (requeue_wait_s()
-  // plus its recorded watchdog), told once by `say` on rank 0 (default: standard error), as is
-  // the warning of a file system without locks.
+  // Held by another job: a ConfigError (agreed) naming the output (and `key`, the config key
+  // that set it, when given), the holder and what to do; nothing is changed. An earlier
+  // instance of this Slurm job is waited for (requeue_wait_s() plus its recorded watchdog),
+  // told once by `say` on rank 0 (default: standard error), as is the warning of a file system
+  // without locks.
   static OutputLock acquire(const mpi::Comm& comm, const std::string& path,
-                            const FileLock::Say& say = {});
+                            std::string_view key = {}, const FileLock::Say& say = {});
 
   const std::string& path() const noexcept { return path_; }
   bool held() const noexcept { return lock_.held(); }  // rank 0, where locks work

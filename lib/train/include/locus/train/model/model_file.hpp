@@ -12,6 +12,10 @@
 #include "locus/train/model/loss.hpp"
 #include "locus/train/model/model.hpp"
 
+namespace locus::io {
+class OutputLock;
+}
+
 namespace locus::train {
 
 inline constexpr std::int64_t kModelSchemaVersion = 1;
@@ -33,11 +37,13 @@ struct ModelInfo {
   std::string git_revision;
 };
 
-// Collective over comm: writes `model` to `path` atomically (temporary name, rename).
-// Every rank passes the same info and its model: the whole model, or with pipeline stages the
-// layers it holds (Mlp::held(); together the ranks must hold every layer, see write_model).
+// Collective over comm: writes `model` to `path` atomically (temporary name, rename) under the
+// output's lock: `held` when the caller holds it already (locus-train, for its whole run), else
+// one taken here. Every rank passes the same info and its model: the whole model, or with
+// pipeline stages the layers it holds (Mlp::held(); together the ranks must hold every layer,
+// see write_model).
 void write_model_file(const mpi::Comm& comm, const std::string& path, const Mlp& model,
-                      const ModelInfo& info);
+                      const ModelInfo& info, const io::OutputLock* held = nullptr);
 // Collective over an open file's communicator: writes the model's tensors and attributes
 // under `group` ("/" for a model file, "/model" inside a checkpoint; created if missing).
 // Each tensor is written by the ranks holding its layer (every rank for whole models, a pipeline
