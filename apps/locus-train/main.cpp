@@ -163,6 +163,18 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   // was); a second job writing either file is then refused here, before it trains (an earlier
   // instance of this Slurm job is waited for). Held until the run ends.
   mpi::agree_on(grid.world(), [&] {
+    const auto same_file = [](const std::string& a, const std::string& b) {
+      const auto full = [](const std::string& p) {
+        std::error_code ec;
+        return std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
+      };
+      return !a.empty() && !b.empty() && full(a) == full(b);
+    };
+    if (same_file(settings.output, settings.metrics)) {
+      throw ConfigError(fmt::format("train.output = '{}' and train.metrics = '{}' name one "
+                                    "file: the model would overwrite the metrics; give them "
+                                    "different paths", settings.output, settings.metrics));
+    }
     if (!grid.world().is_root()) return;
     for (const auto& [path, key] : {std::pair{settings.output, "train.output"},
                                     std::pair{settings.metrics, "train.metrics"}}) {

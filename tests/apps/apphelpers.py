@@ -74,6 +74,11 @@ def lock_path(path):
     return os.path.join(d, "." + name + ".locus-lock")
 
 
+def lock_is_free(path):
+    """Whether no process holds the lock file `path` (util-linux flock(1), without waiting)."""
+    return subprocess.run(["flock", "-n", path, "true"]).returncode == 0
+
+
 def hold_lock_file(path):
     """Another process holding `path` locked as a job would (util-linux flock(1), which writes
     no holder record), in a session of its own; returns it once the lock is taken. End it with

@@ -2,7 +2,8 @@
 mpiexec): a second job on a locked directory exits 2 at once, saying which job holds it and what
 to do, without touching the directory, while the first goes on; after the first exits (exit 75
 after SIGTERM) or is SIGKILLed, a new job takes the directory and resumes its checkpoints; a
-requeued Slurm job (the same SLURM_JOB_ID) waits for its predecessor instead of failing;
+requeued Slurm job (the same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) waits for its
+predecessor instead of failing;
 locus-ckpt's read-only commands ignore the lock. A job writing the running one's model or
 metrics file is refused alike (the output lock, io::OutputLock)."""
 import os
@@ -108,7 +109,7 @@ def test_requeued_job_waits_for_its_predecessor(r, tmp):
     holder = start_holder(r, tmp, "3001")
     cmd, env = launch_command(r, "locus-train", *BASE, "--checkpoint.dir=ck", "--resume=auto",
                               "--train.metrics=", "--train.output=requeued.h5",
-                              env={"SLURM_JOB_ID": "3001"})
+                              env={"SLURM_JOB_ID": "3001", "SLURM_RESTART_COUNT": "1"})
     requeued = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
@@ -144,20 +145,21 @@ def test_a_job_writing_the_running_ones_model_or_metrics_is_refused(r, tmp):
             expect_exit(p, EXIT_CONFIG, f"output '{path}' ({key}) is being written by another "
                         "job", "Slurm job 4001", "Wait until Slurm job 4001 ends")
             check("epoch" not in p.stdout, "the refused job trained", p)
-            for name in ("ck2", "b.h5", ".b.h5.locus-lock"):
+            for name in ("ck2", "b.h5"):
                 check(not os.path.exists(os.path.join(tmp, name)),
                       f"the refused job wrote {name}", p)
         check(holder.poll() is None, "the holder stopped")
     finally:
-        stop(holder)  # SIGKILL: the model was never written; the lock files stay, unlocked
-    for name in (".holder.h5.locus-lock", ".holder.jsonl.locus-lock"):
-        check(os.path.exists(os.path.join(tmp, name)), f"the killed holder left no {name}")
+        stop(holder)  # SIGKILL: the model was never written; the locks go with the ranks
     q = train(r, tmp, "--checkpoint.dir=ck2", "--train.output=holder.h5",
               "--train.metrics=holder.jsonl", env={"SLURM_JOB_ID": "4003"})
     expect_exit(q, 0)
     check(os.path.exists(os.path.join(tmp, "holder.h5")), "the next job wrote no model", q)
-    for name in (".holder.h5.locus-lock", ".holder.jsonl.locus-lock"):
-        check(not os.path.exists(os.path.join(tmp, name)), f"the next job left {name}", q)
+    # One file for both keys is refused before anything is written.
+    p = train(r, tmp, "--checkpoint.dir=ck3", "--train.output=same.h5", "--train.metrics=./same.h5")
+    expect_exit(p, EXIT_CONFIG, "train.output = 'same.h5' and train.metrics = './same.h5' name one "
+                "file")
+    check(not os.path.exists(os.path.join(tmp, "ck3")), "the refused job created ck3", p)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ import subprocess
 import h5py
 import numpy as np
 
-from apphelpers import (FASHION, check, expect_exit, hold_lock_file, lock_path, main, no_outputs,
-                        read_dataset)
+from apphelpers import (FASHION, check, expect_exit, hold_lock_file, lock_is_free, lock_path, main,
+                        no_outputs, read_dataset)
 
 # Many runs here fail on purpose (gates, bad inputs, config errors): do not wait for Open MPI's
 # kill timeout after each (see test_infer_app.py). The two runs that kill a rank keep Open MPI's
@@ -258,11 +258,9 @@ def test_append_equals_full_ingest_and_survives_a_crash(r, tmp):
     check(filecmp.cmp(out, backup, shallow=False), "a crashed append changed the dataset")
     x0, _, _ = read_dataset(out)
     check(x0.shape[0] == 500, "committed rows changed after a crash")
-    check(os.path.exists(lock_path(out)), "a killed rank 0 leaves its output lock's file")
-    # The rerun completes (taking the lock file the killed job left); the result equals a full
-    # ingest of all rows.
+    check(lock_is_free(lock_path(out)), "the killed job's lock must have gone with it")
+    # The rerun completes; the result equals a full ingest of all rows.
     expect_exit(csv_ingest(r, tmp, b, out, "--append"), 0, "appended 400 rows")
-    check(not os.path.exists(lock_path(out)), "the rerun must remove the output lock's file")
     x, y, attrs = read_dataset(out)
     xr, yr, ar = read_dataset(ref)
     check(np.array_equal(x, xr) and np.array_equal(y, yr), "append differs from a full ingest")
@@ -300,7 +298,7 @@ def test_append_to_an_output_another_job_writes_is_refused(r, tmp):
         holder.wait()
     expect_exit(csv_ingest(r, tmp, b, out, "--append"), 0, "appended 200 rows")
     check(read_dataset(out)[0].shape[0] == 600, "the append after the holder ended")
-    check(not os.path.exists(lock_path(out)), "the append must remove the output lock's file")
+    check(lock_is_free(lock_path(out)), "the append must release the output lock")
 
 
 def dataset_bytes(path):

@@ -94,10 +94,9 @@ REPORT_VOLATILE = {"seconds", "seconds_durable", "seconds_init", "seconds_total"
 REPORT_RUN_SCOPED = {"row_begin", "rows_scored", "units", "units_written_once", "metrics"}
 # Temporary names: lib/io publish and checkpoints ("<dir>/.<name>.locus-tmp", also the
 # checkpoint `latest` pointer's and a resumed run's metrics file), the JSON reports
-# ("<report>.tmp"), the writable-directory probe (".locus-probe.<host>.<pid>") and the output
-# locks (".<name>.locus-lock": a killed job leaves them, its rerun takes them over and removes
-# them).
-TEMP_NAME = re.compile(r"(\.locus-tmp$|\.tmp$|^\.locus-probe\.|\.locus-lock$)")
+# ("<report>.tmp") and the writable-directory probe (".locus-probe.<host>.<pid>"). The output
+# locks (".<name>.locus-lock") stay, as the checkpoint directory's ".lock" does.
+TEMP_NAME = re.compile(r"(\.locus-tmp$|\.tmp$|^\.locus-probe\.)")
 
 
 def log(msg=""):

@@ -1,8 +1,9 @@
 // The output lock at 1, 2 and 4 ranks: a second writer of one output is refused on every rank
 // and changes nothing (before the lock it removed the first writer's temporary file, and the
-// first then published the second's partial file); the lock file goes with its holder, also
-// one a killed holder left; a publication under a held lock or a directory lock; a requeued
-// Slurm job waiting for its predecessor (longer for one whose watchdog was armed).
+// first then published the second's partial file); the lock is released with its holder and
+// its file stays; a publication under a held lock or a directory lock; a requeued Slurm job
+// waiting for its predecessor (longer for one whose watchdog was armed), two steps of one
+// allocation not waiting.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,10 +11,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -52,6 +55,18 @@ std::map<std::string, std::string> snapshot(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir))
     out[e.path().filename().string()] = slurp(e.path().string());
   return out;
+}
+
+// Collective: whether another job could take the output's lock now (its record is then this
+// process's).
+bool lock_is_free(const std::string& out) {
+  try {
+    OutputLock::acquire(world(), out);
+    return true;
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(e.agreed()) << e.what();
+    return false;
+  }
 }
 
 // Whether the lock file exists, seen by every rank between two barriers: after rank 0 changed
@@ -94,26 +109,28 @@ TEST(OutputLock, SecondWriterIsRefusedEverywhereAndChangesNothing) {
 
   first.commit();
   EXPECT_EQ(slurp(out), "the first job's rows");
-  EXPECT_TRUE(lock_file_exists(out)) << "held until the publication ends";
+  EXPECT_FALSE(lock_is_free(out)) << "held until the publication ends";
 }
 
-TEST(OutputLock, LockFileGoesWithItsHolderAndALeftOverOneIsTaken) {
+TEST(OutputLock, ReleasedWithItsHolderAndTheFileStays) {
   locus::test::SharedTmpDir tmp(world());
   const std::string out = tmp.file("out.h5");
   {
     Publication pub(world(), out);
-    EXPECT_TRUE(lock_file_exists(out));
+    EXPECT_FALSE(lock_is_free(out));
     if (world().is_root()) std::ofstream(pub.temp_path()) << "rows";
     world().barrier();
     pub.commit();
   }
-  EXPECT_FALSE(lock_file_exists(out)) << "a committed publication leaves no lock file";
+  EXPECT_TRUE(lock_is_free(out)) << "a committed publication releases the lock";
+  EXPECT_TRUE(lock_file_exists(out)) << "the file stays: removing it would let two jobs lock "
+                                        "two files";
   {
     Publication pub(world(), out);
     world().barrier();
   }  // abandoned, as when an error unwinds the app
-  EXPECT_FALSE(lock_file_exists(out)) << "an abandoned publication leaves no lock file";
-  // A holder killed by SIGKILL leaves its lock file, unlocked: the next job takes and removes it.
+  EXPECT_TRUE(lock_is_free(out)) << "an abandoned publication releases the lock";
+  // A holder killed by SIGKILL leaves its record: the next job takes the lock and rewrites it.
   if (world().is_root()) std::ofstream(lock_path_for(out)) << "host gone\npid 1\nslurm_job -\n";
   world().barrier();
   {
@@ -123,10 +140,9 @@ TEST(OutputLock, LockFileGoesWithItsHolderAndALeftOverOneIsTaken) {
               std::string::npos) << "the record is this holder's";
     // Moving the lock moves the ownership; the moved-from one releases nothing.
     OutputLock moved = std::move(lock);
-    EXPECT_TRUE(lock_file_exists(out));
-    EXPECT_NE(agreed_error<ConfigError>([&] { OutputLock::acquire(world(), out); }), "");
+    EXPECT_FALSE(lock_is_free(out));
   }
-  EXPECT_FALSE(lock_file_exists(out));
+  EXPECT_TRUE(lock_is_free(out));
 }
 
 TEST(OutputLock, PublicationUnderAHeldLockOrADirectoryLock) {
@@ -140,10 +156,10 @@ TEST(OutputLock, PublicationUnderAHeldLockOrADirectoryLock) {
       world().barrier();
       pub.commit();
     }
-    EXPECT_TRUE(lock_file_exists(out)) << "the caller's lock outlives the publication";
+    EXPECT_FALSE(lock_is_free(out)) << "the caller's lock outlives the publication";
     EXPECT_THROW(Publication(world(), tmp.file("other.h5"), lock), InternalError);
   }
-  EXPECT_FALSE(lock_file_exists(out));
+  EXPECT_TRUE(lock_is_free(out));
   EXPECT_EQ(slurp(out), "rows");
   Publication pub(world(), tmp.file("ckpt.h5"), Publication::DirectoryLocked{});
   EXPECT_FALSE(lock_file_exists(tmp.file("ckpt.h5"))) << "under a directory lock: none of its own";
@@ -155,21 +171,25 @@ TEST(OutputLock, UnwritableDirectoryIsAnIoErrorBeforeAnyLock) {
   EXPECT_NE(why.find("/proc"), std::string::npos) << why;
 }
 
-// A requeued Slurm job whose previous instance still writes the output waits for it; the
-// predecessor's armed watchdog, recorded in the lock file, lengthens the wait.
+// A requeued Slurm job (the same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) whose previous
+// instance still writes the output waits for it; the predecessor's armed watchdog, recorded in
+// the lock file, lengthens the wait. Another step of the same run (the same count) does not.
 TEST(OutputLock, RequeuedJobWaitsForItsPredecessorsWatchdog) {
   locus::test::SharedTmpDir tmp(world());
   const std::string out = tmp.file("out.h5");
   const ScopedEnv job("SLURM_JOB_ID", "4245");
   const ScopedEnv no_wait("LOCUS_TEST_REQUEUE_WAIT_S", "0");
+  const ScopedEnv count("SLURM_RESTART_COUNT", nullptr);  // the first run: no count
   {
     const OutputLock first = OutputLock::acquire(world(), out);
+    ::setenv("SLURM_RESTART_COUNT", "1", 1);  // requeued once
     // No watchdog recorded and no wait: refused at once, named as an earlier instance.
     const std::string why = agreed_error<ConfigError>([&] { OutputLock::acquire(world(), out); });
     EXPECT_NE(why.find("an earlier instance of this Slurm job that did not end within"),
               std::string::npos) << why;
     EXPECT_NE(why.find("Wait until Slurm job 4245 ends"), std::string::npos) << why;
   }
+  ::setenv("SLURM_RESTART_COUNT", "0", 1);
   std::optional<OutputLock> first;
   {
     const comm::Watchdog watchdog(600, "infer.watchdog_s", [](const std::string&) {});
@@ -178,7 +198,12 @@ TEST(OutputLock, RequeuedJobWaitsForItsPredecessorsWatchdog) {
   EXPECT_NE(describe_lock_holder(lock_path_for(out)).find("infer.watchdog_s 600"),
             std::string::npos) << describe_lock_holder(lock_path_for(out));
   world().barrier();
-  // Rank 0, which holds the lock, releases it once the wait was announced.
+  // Another step of the same run: refused at once, whatever the holder's watchdog.
+  const std::string step = agreed_error<ConfigError>([&] { OutputLock::acquire(world(), out); });
+  EXPECT_NE(step.find("Slurm job 4245"), std::string::npos) << step;
+  EXPECT_EQ(step.find("earlier instance"), std::string::npos) << step;
+  // The requeued job. Rank 0, which holds the lock, releases it once the wait was announced.
+  ::setenv("SLURM_RESTART_COUNT", "1", 1);
   std::atomic<bool> announced{false};
   std::string said;
   std::thread predecessor([&] {
@@ -198,9 +223,9 @@ TEST(OutputLock, RequeuedJobWaitsForItsPredecessorsWatchdog) {
     EXPECT_NE(said.find("waiting up to 600 s for it to end (its infer.watchdog_s = 600 ends it"),
               std::string::npos) << said;
   }
-  EXPECT_TRUE(lock_file_exists(out)) << "the successor holds a lock file of its own";
-  EXPECT_EQ(describe_lock_holder(lock_path_for(out)).find("watchdog"), std::string::npos)
-      << "the successor armed no watchdog: " << describe_lock_holder(lock_path_for(out));
+  const std::string record = describe_lock_holder(lock_path_for(out));
+  EXPECT_NE(record.find("Slurm job 4245 (restart 1)"), std::string::npos) << record;
+  EXPECT_EQ(record.find("watchdog"), std::string::npos) << "no watchdog armed: " << record;
   world().barrier();
 }
 

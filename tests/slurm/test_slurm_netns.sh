@@ -9,10 +9,11 @@
 #  2. Two trainings, the real locus-train via slurm/train.sbatch, 2 whole nodes x 2 tasks each,
 #     checkpointing every 20 steps. Mid-run one node of each loses its network for good (its
 #     processes keep running, cut off): in job A the node of ranks 2,3; in job B its batch node,
-#     where mpirun and rank 0 run, and rank 0 holds the checkpoint directory's lock. slurmctld
+#     where mpirun and rank 0 run, and rank 0 holds the locks of the checkpoint directory and of
+#     the model and metrics files. slurmctld
 #     sets both nodes DOWN after SlurmdTimeout (10 s) and requeues both jobs (--requeue). Each
 #     rerun lands on nodes that are up and resumes from the newest checkpoint with
-#     --resume=auto. B's rerun finds the lock still held by its stranded predecessor and waits
+#     --resume=auto. B's rerun finds the locks still held by its stranded predecessor and waits
 #     for that one's watchdog (train.watchdog_s = 120) to end it, not just its own base wait
 #     (LOCUS_TEST_REQUEUE_WAIT_S=0 here). Both end with the model of an uninterrupted 4-rank
 #     run, bit for bit. Then the links come back (only now: a stranded instance still alive
@@ -165,9 +166,10 @@ for name in A B; do
     slurm_fail "job $name (${job[$name]}) was not started again: $(slurm_job_field "${job[$name]}" JobState) $(tail -n 5 "$name.log")"
   rerun_s[$name]=$((SECONDS - cut))
 done
-# B's rerun waits for the lock until its stranded predecessor's watchdog ends it.
+# B's rerun waits for the locks until its stranded predecessor's watchdog ends it; the first it
+# takes is its model file's (train.output), which the predecessor's rank 0 holds as well.
 slurm_wait_until 60 "the rerun of job B to wait for its predecessor" \
-  grep -q "checkpoint.dir ck-B is held by an earlier instance of this Slurm job .*train.watchdog_s $b_watchdog): waiting up to $b_watchdog s for it to end (its train.watchdog_s = $b_watchdog ends it" B.log ||
+  grep -q "output 'B.h5' (train.output) is held by an earlier instance of this Slurm job .*train.watchdog_s $b_watchdog): waiting up to $b_watchdog s for it to end (its train.watchdog_s = $b_watchdog ends it" B.log ||
   slurm_fail "job B's rerun did not wait for its stranded predecessor (the rerun started $((rerun_s[B])) s after the cut, the predecessor's watchdog fires $b_watchdog s after it): $(grep -v '^{' B.log | tail -n 20)"
 # Where each rerun went (A's may be over by now): two nodes, the cut-off one not among them.
 for name in A B; do

@@ -76,10 +76,19 @@ std::string refusal(const std::string& dir, const std::string& run, double wait_
   }
 }
 
+// The Slurm job this process belongs to, on its first run (no SLURM_RESTART_COUNT) until
+// requeued() says Slurm requeued it.
 class SlurmJobId {
  public:
-  explicit SlurmJobId(const char* id) { ::setenv("SLURM_JOB_ID", id, 1); }
-  ~SlurmJobId() { ::unsetenv("SLURM_JOB_ID"); }
+  explicit SlurmJobId(const char* id) {
+    ::setenv("SLURM_JOB_ID", id, 1);
+    ::unsetenv("SLURM_RESTART_COUNT");
+  }
+  ~SlurmJobId() {
+    ::unsetenv("SLURM_JOB_ID");
+    ::unsetenv("SLURM_RESTART_COUNT");
+  }
+  static void requeued() { ::setenv("SLURM_RESTART_COUNT", "1", 1); }
 };
 
 TEST(CheckpointLock, CreatesTheDirectoryAndRecordsTheHolder) {
@@ -187,6 +196,10 @@ TEST(CheckpointLock, RequeuedJobWaitsForItsPredecessor) {
   CheckpointDirLock first = CheckpointDirLock::acquire(world(), dir, "run-a");
   EXPECT_NE(read_lock_holder(dir).find("Slurm job 4242"), std::string::npos);
   std::string said;
+  // Another step of the same run (the same SLURM_RESTART_COUNT) does not wait.
+  EXPECT_EQ(refusal(dir, "run-b", 600, &said).find("earlier instance"), std::string::npos);
+  EXPECT_EQ(said, "") << "another step of the same run must not wait";
+  SlurmJobId::requeued();
   const std::string why = refusal(dir, "run-b", 0.3, &said);
   EXPECT_NE(why.find("an earlier instance of this Slurm job that did not end within"),
             std::string::npos) << why;
@@ -196,6 +209,7 @@ TEST(CheckpointLock, RequeuedJobWaitsForItsPredecessor) {
   }
   {
     const SlurmJobId other("4243");
+    SlurmJobId::requeued();
     said.clear();
     const std::string no_wait = refusal(dir, "run-b", 600, &said);
     EXPECT_NE(no_wait.find("Slurm job 4242"), std::string::npos) << no_wait;
@@ -203,6 +217,7 @@ TEST(CheckpointLock, RequeuedJobWaitsForItsPredecessor) {
     EXPECT_EQ(said, "") << "another job must not wait";
   }
   ::setenv("SLURM_JOB_ID", "4242", 1);
+  SlurmJobId::requeued();
   // The predecessor goes away while the new instance waits: rank 0, which holds the lock,
   // releases it once the wait was announced (10 s at most), however late a loaded machine lets
   // the main thread reach the lock.
@@ -232,6 +247,7 @@ TEST(CheckpointLock, RequeuedJobWaitsForItsStrandedPredecessorsWatchdog) {
       CheckpointDirLock::acquire(world(), dir, "run-a", LockWait{0, 600});
   EXPECT_NE(read_lock_holder(dir).find("train.watchdog_s 600"), std::string::npos)
       << read_lock_holder(dir);
+  SlurmJobId::requeued();
   // With no wait of its own the successor would be refused at once (as for a predecessor that
   // recorded no watchdog, above); the predecessor's 600 s make it wait. Rank 0, which holds the
   // lock, releases it once the wait was announced.

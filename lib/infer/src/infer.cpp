@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
+#include <span>
 
 #include "engine.hpp"
 #include "input.hpp"
@@ -32,9 +34,13 @@ namespace {
 
 constexpr int kMaxReadThreads = 64;
 
-bool file_exists(const std::string& path) {
+// Collective: whether `path` exists as rank 0 sees it, so every rank takes the same branch
+// (ranks on other nodes may see another job's publication late).
+bool output_exists(const mpi::Comm& comm, const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
+  std::int64_t present = comm.is_root() && ::stat(path.c_str(), &st) == 0;
+  comm.bcast(std::span<std::int64_t>(&present, 1));
+  return present != 0;
 }
 
 void check_options(const InferOptions& o, bool output_exists) {
@@ -280,7 +286,7 @@ std::uint64_t choose_unit_rows(std::uint64_t chunk_rows, std::uint64_t batch_row
 
 InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   const double t_start = MPI_Wtime();
-  bool exists = file_exists(opts.output);
+  bool exists = output_exists(comm, opts.output);
   mpi::agree_on(comm, [&] {
     check_options(opts, exists);
     train::set_blas_threads(opts.blas_threads);
@@ -288,7 +294,7 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   // Held until the report is written, so no other job writes the output meanwhile; whether the
   // output exists is looked at again under it (another job may have published it meanwhile).
   const io::OutputLock lock = io::OutputLock::acquire(comm, opts.output, "infer.output");
-  exists = file_exists(opts.output);
+  exists = output_exists(comm, opts.output);
   mpi::agree_on(comm, [&] { check_options(opts, exists); });
   // Collective (the node-local split that picks a GPU), so outside the check above.
   detail::EngineChoice engine;

@@ -1,8 +1,9 @@
-// The lock file: flock(2), the holder record, the wait for an earlier instance of one's own
-// Slurm job, and removal on release without a window for two holders.
+// The lock file: flock(2), the holder record, and the wait for an earlier instance of one's own
+// Slurm job.
 #include "locus/io/file_lock.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,6 +34,15 @@ std::string slurm_job() {
   return job != nullptr ? job : "";
 }
 
+// SLURM_RESTART_COUNT: how often Slurm requeued the job (0 on its first run; -1 for a record
+// written before locus recorded it or something that is not a count).
+long restart_count(const char* text) {
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  return *end == '\0' && v >= 0 ? v : -1;
+}
+
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   std::tm tm {};
@@ -47,9 +57,11 @@ std::string record_text(const LockRecord& r, const std::string& since) {
   const std::string job = slurm_job();
   std::string text = fmt::format("# {}\n# while it is in use, a process of the job holds an "
                                  "exclusive flock(2) on this file; the\n# lines name the holder "
-                                 "(or the last one)\nhost {}\npid {}\nslurm_job {}\n",
+                                 "(or the last one)\nhost {}\npid {}\nslurm_job {}\n"
+                                 "slurm_restart_count {}\n",
                                  r.title, mpi::hostname(), static_cast<long>(::getpid()),
-                                 job.empty() ? "-" : job);
+                                 job.empty() ? "-" : job,
+                                 restart_count(std::getenv("SLURM_RESTART_COUNT")));
   if (!r.run.empty()) text += fmt::format("run {}\n", r.run);
   text += fmt::format("since {}\nwatchdog_s {:g}\n", since, r.watchdog_s);
   if (r.watchdog_s > 0 && !r.watchdog_key.empty())
@@ -102,8 +114,13 @@ std::string describe(const Record& r) {
   const auto get = [&](const char* key) { return r.contains(key) ? r.at(key) : "?"; };
   const std::string job = get("slurm_job");
   const double watchdog_s = holder_watchdog_s(r);
-  return fmt::format("host {}, pid {}{}{}, since {}{}", get("host"), get("pid"),
+  const long restarts = restart_count(r.contains("slurm_restart_count")
+                                          ? r.at("slurm_restart_count").c_str()
+                                          : "0");
+  return fmt::format("host {}, pid {}{}{}{}, since {}{}", get("host"), get("pid"),
                      job == "-" || job == "?" ? "" : ", Slurm job " + job,
+                     job != "-" && job != "?" && restarts > 0
+                         ? fmt::format(" (restart {})", restarts) : "",
                      r.contains("run") ? ", run " + r.at("run") : "", get("since"),
                      watchdog_s > 0
                          ? fmt::format(", {} {:g}", holder_watchdog_key(r), watchdog_s)
@@ -118,24 +135,23 @@ std::string holder_name(const Record& r) {
   return "that job";
 }
 
+// Whether a record names a process of this host that has ended: the last holder's record, not
+// the current holder's (one that writes none, e.g. flock(1), or one about to write its own).
+bool ended_holder(const Record& r) {
+  if (!r.contains("pid") || !r.contains("host") || r.at("host") != mpi::hostname()) return false;
+  const long pid = std::strtol(r.at("pid").c_str(), nullptr, 10);
+  return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
 // The holder's record; a holder that has only just taken the lock may not have written it
-// yet, so an empty one is read again for up to a second.
+// yet, so a missing or ended one is read again for up to a second, then counts as none.
 Record holder_of(int fd) {
   auto r = read_record(fd);
-  for (int i = 0; i < 20 && !r.contains("pid"); ++i) {
+  for (int i = 0; i < 20 && (!r.contains("pid") || ended_holder(r)); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     r = read_record(fd);
   }
-  return r;
-}
-
-// Whether `path` still names the file open as `fd` (a holder that removes its lock file on
-// release may have removed it after this process opened it and before it locked it).
-bool still_named(int fd, const std::string& path) {
-  struct stat open_st {};
-  struct stat path_st {};
-  if (::fstat(fd, &open_st) != 0 || ::stat(path.c_str(), &path_st) != 0) return false;
-  return open_st.st_dev == path_st.st_dev && open_st.st_ino == path_st.st_ino;
+  return ended_holder(r) ? Record{} : r;
 }
 
 }  // namespace
@@ -144,54 +160,22 @@ LockBusy::LockBusy(std::string holder, std::string holder_name, double waited_s)
     : ConfigError(fmt::format("locked by {}", holder.empty() ? holder_name : holder)),
       holder_(std::move(holder)), holder_name_(std::move(holder_name)), waited_s_(waited_s) {}
 
-FileLock::FileLock(FileLock&& other) noexcept
-    : fd_(std::move(other.fd_)), path_(std::move(other.path_)), release_(other.release_),
-      record_(std::move(other.record_)), since_(std::move(other.since_)),
-      warning_(std::move(other.warning_)) {}
-
-FileLock& FileLock::operator=(FileLock&& other) noexcept {
-  if (this != &other) {
-    release();
-    fd_ = std::move(other.fd_);
-    path_ = std::move(other.path_);
-    release_ = other.release_;
-    record_ = std::move(other.record_);
-    since_ = std::move(other.since_);
-    warning_ = std::move(other.warning_);
-  }
-  return *this;
-}
-
-FileLock::~FileLock() { release(); }
-
-void FileLock::release() noexcept {
-  if (!fd_) return;
-  // Removed while still locked: a taker that opened the old file finds it unnamed once it
-  // gets the lock and tries again (still_named), so two holders never coexist.
-  if (release_ == Release::remove_file) ::unlink(path_.c_str());
-  fd_.reset();
-}
-
 FileLock FileLock::take(const std::string& path, std::string_view what, const LockRecord& record,
-                        const LockWait& wait, const Say& say, Release release) {
+                        const LockWait& wait, const Say& say) {
+  // Only read access is needed to lock; a lock file another user created may be read-only.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 && (errno == EACCES || errno == EROFS))
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw IoError(fmt::format("cannot open the lock file '{}' of {}: {}; fix the permissions "
+                              "or choose another path", path, what, std::strerror(errno)));
+  }
   FileLock lock;
+  Fd file(fd);
   const auto t0 = std::chrono::steady_clock::now();
   bool told = false;
   for (;;) {
-    // Only read access is needed to lock; a lock file another user created may be read-only.
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0 && (errno == EACCES || errno == EROFS))
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      throw IoError(fmt::format("cannot open the lock file '{}' of {}: {}; fix the permissions "
-                                "or choose another path", path, what, std::strerror(errno)));
-    }
-    Fd file(fd);
-    if (::flock(file.get(), LOCK_EX | LOCK_NB) == 0) {
-      if (release == Release::remove_file && !still_named(file.get(), path)) continue;
-      lock.fd_ = std::move(file);
-      break;
-    }
+    if (::flock(file.get(), LOCK_EX | LOCK_NB) == 0) break;
     const int err = errno;
     if (err == EINTR) continue;
     if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL) {
@@ -199,7 +183,6 @@ FileLock FileLock::take(const std::string& path, std::string_view what, const Lo
           "warning: {} cannot be locked ({}: the file system does not support flock, e.g. "
           "Lustre mounted without -o flock); it is used unlocked, so make sure no other job "
           "uses it", what, std::strerror(err));
-      if (release == Release::remove_file) ::unlink(path.c_str());
       return lock;
     }
     if (err != EWOULDBLOCK) {
@@ -209,8 +192,13 @@ FileLock FileLock::take(const std::string& path, std::string_view what, const Lo
     const Record holder = holder_of(file.get());
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // An earlier instance: the same Slurm job, requeued fewer times.
     const bool same_job = !slurm_job().empty() && holder.contains("slurm_job") &&
-                          holder.at("slurm_job") == slurm_job();
+                          holder.at("slurm_job") == slurm_job() &&
+                          restart_count(holder.contains("slurm_restart_count")
+                                            ? holder.at("slurm_restart_count").c_str()
+                                            : "-") <
+                              restart_count(std::getenv("SLURM_RESTART_COUNT"));
     const double predecessor_watchdog_s = holder_watchdog_s(holder);
     const double limit_s = wait.same_job_s + predecessor_watchdog_s;
     if (!same_job || waited >= limit_s)
@@ -228,8 +216,7 @@ FileLock FileLock::take(const std::string& path, std::string_view what, const Lo
     told = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  lock.path_ = path;
-  lock.release_ = release;
+  lock.fd_ = std::move(file);
   lock.record_ = record;
   lock.since_ = utc_now();
   write_record(lock.fd_.get(), record_text(lock.record_, lock.since_));

@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <span>
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -26,9 +28,13 @@ namespace locus::io {
 
 namespace {
 
-bool file_exists(const std::string& path) {
+// Collective: whether `path` exists as rank 0 sees it, so every rank takes the same branch
+// (ranks on other nodes may see another job's publication late).
+bool output_exists(const mpi::Comm& comm, const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
+  std::int64_t present = comm.is_root() && !path.empty() && ::stat(path.c_str(), &st) == 0;
+  comm.bcast(std::span<std::int64_t>(&present, 1));
+  return present != 0;
 }
 
 std::vector<std::string> input_paths(const IngestOptions& o) {
@@ -126,12 +132,15 @@ DatasetMeta read_dataset_meta(const mpi::Comm& comm, const std::string& path) {
 
 IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   IngestResult res;
-  const bool output_exists = !opts.output.empty() && file_exists(opts.output);
-  check_options(comm, opts, output_exists);
+  check_options(comm, opts, output_exists(comm, opts.output));
   // Held from before an append reads the dataset it extends until the report is written, so
-  // no other job writes the output meanwhile.
+  // no other job writes the output meanwhile. Whether the output exists is looked at again
+  // under it: another job may have published it meanwhile.
   OutputLock lock;
-  if (!opts.validate_only) lock = OutputLock::acquire(comm, opts.output, "ingest.output");
+  if (!opts.validate_only) {
+    lock = OutputLock::acquire(comm, opts.output, "ingest.output");
+    check_options(comm, opts, output_exists(comm, opts.output));
+  }
 
   // The existing dataset fixes schema, normalization and histogram edges for an append.
   DatasetMeta existing;

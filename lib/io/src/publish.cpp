@@ -67,8 +67,7 @@ OutputLock OutputLock::acquire(const mpi::Comm& comm, const std::string& path,
                             watchdog.timeout_s, watchdog.key};
     const std::string lock_file = lock_path_for(path);
     try {
-      lock.lock_ = FileLock::take(lock_file, what, record, {requeue_wait_s()}, tell,
-                                  FileLock::Release::remove_file);
+      lock.lock_ = FileLock::take(lock_file, what, record, {requeue_wait_s()}, tell);
     } catch (const LockBusy& busy) {
       throw ConfigError(fmt::format(
           "{} is being written by another job ({}){}: two jobs writing one output would "

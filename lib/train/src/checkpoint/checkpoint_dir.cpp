@@ -233,13 +233,12 @@ CheckpointDirLock CheckpointDirLock::acquire(const mpi::Comm& comm, const std::s
       throw IoError(fmt::format("cannot create checkpoint.dir '{}': {}; choose another "
                                 "directory or fix the permissions", dir, ec.message()));
     }
-    // The file is never removed: the directory keeps the last holder's record for people.
     const io::LockRecord record{"locus checkpoint directory lock: a training job's rank 0",
                                 run_id, wait.watchdog_s, "train.watchdog_s"};
     try {
       lock.lock_ = io::FileLock::take(join_path(dir, kLockName),
                                       fmt::format("checkpoint.dir '{}'", dir), record,
-                                      {wait.same_job_s}, say, io::FileLock::Release::keep_file);
+                                      {wait.same_job_s}, say);
     } catch (const io::LockBusy& busy) {
       refuse(dir, busy);
     }

@@ -1,8 +1,10 @@
 // Ownership of a file or directory by one job: one process of the job holds an exclusive
-// flock(2) on a lock file whose text names the holder (host, pid, Slurm job, since when, its
-// watchdog), for the message of a job refused and for people. The kernel drops the lock when
-// the process ends in any way, SIGKILL included, so no stale lock outlives a job. Users:
-// train::CheckpointDirLock (<dir>/.lock) and io::OutputLock (publish.hpp).
+// flock(2) on a lock file whose text names the holder (host, pid, Slurm job and restart count,
+// since when, its watchdog), for the message of a job refused and for people. The kernel drops
+// the lock when the process ends in any way, SIGKILL included, so no stale lock outlives a job.
+// The file itself stays: removing it would let a job lock a new file while another still holds
+// the old one (on NFS, a name looked up from a stale cache makes that impossible to rule out).
+// Users: train::CheckpointDirLock (<dir>/.lock) and io::OutputLock (publish.hpp).
 #pragma once
 
 #include <functional>
@@ -14,8 +16,9 @@
 
 namespace locus::io {
 
-// How long a taker waits for an earlier instance of its own Slurm job (the same SLURM_JOB_ID:
-// requeued while its predecessor is still going away or is stranded).
+// How long a taker waits for an earlier instance of its own Slurm job: the same SLURM_JOB_ID
+// with a lower SLURM_RESTART_COUNT, requeued while its predecessor is still going away or is
+// stranded. (Two steps of one allocation share the id and the count: they do not wait.)
 struct LockWait {
   // For a predecessor that is going away (its node's lock released late, e.g. an NFS lease).
   double same_job_s = 0;
@@ -47,31 +50,24 @@ class LockBusy : public ConfigError {
   double waited_s_;
 };
 
-// Local: one process's lock. Move-only; the destructor releases it.
+// Local: one process's lock. Move-only (the handle's move empties the source); the destructor
+// releases the lock and keeps the file.
 class FileLock {
  public:
-  enum class Release { keep_file, remove_file };
   using Say = std::function<void(const std::string&)>;
 
   FileLock() = default;  // holds nothing
-  FileLock(FileLock&& other) noexcept;
-  FileLock& operator=(FileLock&& other) noexcept;
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-  // Releases the lock; with Release::remove_file the lock file is removed first, while held.
-  ~FileLock();
 
   // Opens `path` (created when missing) and takes an exclusive flock on it without blocking,
   // then writes the holder record. Held by another process: LockBusy, unless the holder is an
-  // earlier instance of this Slurm job, which is waited for wait.same_job_s plus its recorded
-  // watchdog_s (a predecessor stranded on a node cut off from its peers ends by its own
-  // watchdog), telling `say` once. With Release::remove_file the lock file is removed on
-  // release, and a take that locked a file its holder removed meanwhile tries again. On a file
-  // system without locks (ENOLCK, ENOSYS, EOPNOTSUPP) nothing is held and warning() says so.
-  // `what` names the protected thing in messages ("checkpoint.dir 'DIR'"). IoError naming the
-  // path when the lock file cannot be opened.
+  // earlier instance of this Slurm job (LockWait), which is waited for wait.same_job_s plus its
+  // recorded watchdog_s (a predecessor stranded on a node cut off from its peers ends by its
+  // own watchdog), telling `say` once. (A second take in the process that holds the lock is
+  // refused as another job's: flock(2) locks belong to open files.) On a file system without
+  // locks (ENOLCK, ENOSYS, EOPNOTSUPP) nothing is held and warning() says so. `what` names the protected thing in
+  // messages ("checkpoint.dir 'DIR'"). IoError naming the path when the file cannot be opened.
   static FileLock take(const std::string& path, std::string_view what, const LockRecord& record,
-                       const LockWait& wait, const Say& say, Release release);
+                       const LockWait& wait, const Say& say);
 
   bool held() const noexcept { return static_cast<bool>(fd_); }
   const std::string& warning() const noexcept { return warning_; }
@@ -79,11 +75,7 @@ class FileLock {
   void set_run(const std::string& run);
 
  private:
-  void release() noexcept;
-
   Fd fd_;
-  std::string path_;
-  Release release_ = Release::keep_file;
   LockRecord record_;
   std::string since_;
   std::string warning_;

@@ -19,10 +19,11 @@ std::string temp_path_for(const std::string& final_path);
 std::string lock_path_for(const std::string& final_path);
 
 // Ownership of an output by one job while it writes it (a publication, or an append or
-// extension in place): comm's rank 0 holds a FileLock on lock_path_for(path), removed on
-// release. Without it, a second job writing the same output removes the first one's temporary
-// file and writes its own under that name, and the first one then publishes the second one's
-// partial file as its result (docs/RELIABILITY.md, "Two jobs, one output").
+// extension in place): comm's rank 0 holds a FileLock on lock_path_for(path) (the file stays,
+// with the last holder's record). Without it, a second job writing the same output removes the
+// first one's temporary file and writes its own under that name, and the first one then
+// publishes the second one's partial file as its result (docs/RELIABILITY.md, "Two jobs, one
+// output").
 class OutputLock {
  public:
   OutputLock() = default;  // holds nothing
