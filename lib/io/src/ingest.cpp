@@ -3,6 +3,7 @@
 #include "locus/io/ingest.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -108,7 +109,9 @@ void write_report(const mpi::Comm& comm, const std::string& path, const GateRepo
                   const IngestSchedule& schedule) {
   mpi::agree_on(comm, [&] {
     if (!comm.is_root()) return;
-    const std::string tmp = path + ".tmp";
+    // A name of this process's own: a --validate-only run, which takes no output lock, may
+    // write the same report as a job writing the dataset.
+    const std::string tmp = fmt::format("{}.{}.tmp", path, static_cast<long>(::getpid()));
     {
       Json j = report.json();
       j["schedule"] = schedule_json(schedule);
