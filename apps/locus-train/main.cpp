@@ -164,11 +164,11 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   // instance of this Slurm job is waited for). Held until the run ends.
   mpi::agree_on(grid.world(), [&] {
     const auto same_file = [](const std::string& a, const std::string& b) {
-      const auto full = [](const std::string& p) {
-        std::error_code ec;
-        return std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
-      };
-      return !a.empty() && !b.empty() && full(a) == full(b);
+      if (a.empty() || b.empty()) return false;
+      std::error_code ec_a, ec_b;
+      const auto full_a = std::filesystem::weakly_canonical(std::filesystem::absolute(a), ec_a);
+      const auto full_b = std::filesystem::weakly_canonical(std::filesystem::absolute(b), ec_b);
+      return ec_a || ec_b ? a == b : full_a == full_b;
     };
     if (same_file(settings.output, settings.metrics)) {
       throw ConfigError(fmt::format("train.output = '{}' and train.metrics = '{}' name one "

@@ -75,7 +75,9 @@ def lock_path(path):
 
 
 def lock_is_free(path):
-    """Whether no process holds the lock file `path` (util-linux flock(1), without waiting)."""
+    """Whether the lock file `path` exists (it stays) and no process holds it (util-linux
+    flock(1), without waiting)."""
+    check(os.path.exists(path), f"no lock file {path}")
     return subprocess.run(["flock", "-n", path, "true"]).returncode == 0
 
 

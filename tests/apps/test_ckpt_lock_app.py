@@ -23,7 +23,7 @@ HOLDER = ["--checkpoint.dir=ck", "--checkpoint.every_steps=2", "--checkpoint.kee
 def start_holder(r, tmp, job, holder=HOLDER):
     cmd, env = launch_command(r, "locus-train", *BASE, *holder,
                               env={"LOCUS_TEST_HOOK": "ckpt-step-boundary:sleep1",
-                                   "SLURM_JOB_ID": job})
+                                   "SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": "0"})
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     ck = os.path.join(tmp, "ck")

@@ -94,8 +94,9 @@ REPORT_VOLATILE = {"seconds", "seconds_durable", "seconds_init", "seconds_total"
 REPORT_RUN_SCOPED = {"row_begin", "rows_scored", "units", "units_written_once", "metrics"}
 # Temporary names: lib/io publish and checkpoints ("<dir>/.<name>.locus-tmp", also the
 # checkpoint `latest` pointer's and a resumed run's metrics file), the JSON reports
-# ("<report>.<pid>.tmp") and the writable-directory probe (".locus-probe.<host>.<pid>"). The output
-# locks (".<name>.locus-lock") stay, as the checkpoint directory's ".lock" does.
+# ("<report>.tmp"; "<report>.<pid>.tmp" for --validate-only) and the writable-directory probe
+# (".locus-probe.<host>.<pid>"). The output locks (".<name>.locus-lock") stay, as the
+# checkpoint directory's ".lock" does.
 TEMP_NAME = re.compile(r"(\.locus-tmp$|\.tmp$|^\.locus-probe\.)")
 
 

@@ -65,6 +65,8 @@ bool lock_is_free(const std::string& out) {
     return true;
   } catch (const ConfigError& e) {
     EXPECT_TRUE(e.agreed()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is being written by another job"), std::string::npos)
+        << e.what();
     return false;
   }
 }

@@ -351,9 +351,7 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   const std::string json = report_json(opts, r);
   mpi::agree_on(comm, [&] {
     if (!comm.is_root()) return;
-    // A name of this process's own: infer.report may name one file for several outputs.
-    const std::string tmp =
-        fmt::format("{}.{}.tmp", r.report_path, static_cast<long>(::getpid()));
+    const std::string tmp = r.report_path + ".tmp";  // under the output's lock
     std::FILE* f = std::fopen(tmp.c_str(), "w");
     bool ok = f != nullptr && std::fputs(json.c_str(), f) >= 0 && std::fputc('\n', f) >= 0;
     if (f != nullptr) ok = std::fclose(f) == 0 && ok;

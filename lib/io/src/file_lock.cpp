@@ -93,6 +93,8 @@ void write_record(int fd, const std::string& text) {
   if (::ftruncate(fd, n) != 0) {
     // A longer record's tail stays; harmless: readers take the first value of each key.
   }
+  // Flushed, so a job on another node (NFS) soon reads this record, not the last holder's.
+  ::fdatasync(fd);
 }
 
 Record read_record(int fd) {
@@ -144,14 +146,14 @@ bool ended_holder(const Record& r) {
 }
 
 // The holder's record; a holder that has only just taken the lock may not have written it
-// yet, so a missing or ended one is read again for up to a second, then counts as none.
+// yet, so a missing or ended one is read again for up to a second.
 Record holder_of(int fd) {
   auto r = read_record(fd);
   for (int i = 0; i < 20 && (!r.contains("pid") || ended_holder(r)); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     r = read_record(fd);
   }
-  return ended_holder(r) ? Record{} : r;
+  return r;
 }
 
 }  // namespace
@@ -201,8 +203,12 @@ FileLock FileLock::take(const std::string& path, std::string_view what, const Lo
                               restart_count(std::getenv("SLURM_RESTART_COUNT"));
     const double predecessor_watchdog_s = holder_watchdog_s(holder);
     const double limit_s = wait.same_job_s + predecessor_watchdog_s;
-    if (!same_job || waited >= limit_s)
-      throw LockBusy(describe(holder), holder_name(holder), same_job ? waited : 0);
+    if (!same_job || waited >= limit_s) {
+      // A record of an ended process is not named as the holder's. Only the message: across
+      // PID namespaces (containers with the host's name) a live holder can look ended.
+      const Record named = ended_holder(holder) ? Record{} : holder;
+      throw LockBusy(describe(named), holder_name(named), same_job ? waited : 0);
+    }
     if (!told && say) {
       say(fmt::format("{} is held by an earlier instance of this Slurm job ({}): waiting up to "
                       "{:g} s for it to end{}", what, describe(holder), limit_s,

@@ -106,12 +106,14 @@ Json schedule_json(const IngestSchedule& s) {
 }
 
 void write_report(const mpi::Comm& comm, const std::string& path, const GateReport& report,
-                  const IngestSchedule& schedule) {
+                  const IngestSchedule& schedule, bool validate_only) {
   mpi::agree_on(comm, [&] {
     if (!comm.is_root()) return;
-    // A name of this process's own: a --validate-only run, which takes no output lock, may
-    // write the same report as a job writing the dataset.
-    const std::string tmp = fmt::format("{}.{}.tmp", path, static_cast<long>(::getpid()));
+    // Under the output's lock, or, for a --validate-only run (which takes none and may write
+    // the report of a job writing the dataset), a name of this process's own.
+    const std::string tmp = validate_only ? fmt::format("{}.{}.tmp", path,
+                                                        static_cast<long>(::getpid()))
+                                          : path + ".tmp";
     {
       Json j = report.json();
       j["schedule"] = schedule_json(schedule);
@@ -223,7 +225,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   res.seconds_gates = MPI_Wtime() - t0;
   std::string report_path = opts.report;
   if (report_path.empty()) report_path = (opts.output.empty() ? "ingest" : opts.output) + ".gates.json";
-  write_report(comm, report_path, res.report, res.schedule);
+  write_report(comm, report_path, res.report, res.schedule, opts.validate_only);
   if (!res.report.passed()) {
     GateError e(fmt::format("quality gates failed for {}; nothing was published (report: {}):\n{}",
                             fmt::join(input_paths(opts), ", "), report_path,
