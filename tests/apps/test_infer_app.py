@@ -419,11 +419,33 @@ def test_cuda_backend_where_it_cannot_run(r, tmp):
     check(no_outputs(out), "nothing may be published", p)
 
 
+def holder_record(proc, lock):
+    """Waits until the running job `proc` holds the output lock `lock`: its record names a live
+    process (a holder writes it after taking the lock; the file keeps the last holder's record,
+    whose process has ended). Not probed with flock(1), which would refuse the job if it tried
+    the lock at that moment. Returns the record and the holder's pid."""
+    record = ""
+    for _ in range(3000):
+        if proc.poll() is not None:
+            break
+        if os.path.exists(lock):
+            with open(lock) as f:
+                record = f.read()
+            pid = re.search(r"^pid (\d+)$", record, re.M)
+            if pid and os.path.exists(f"/proc/{pid.group(1)}"):
+                return record, pid.group(1)
+        time.sleep(0.01)
+    out, err = proc.communicate() if proc.poll() is not None else ("", "")
+    check(False, f"the job never held {lock}: {record!r}; exit {proc.returncode}: {out}{err}")
+    return None
+
+
 def test_a_second_job_writing_the_output_is_refused(r, tmp):
     """Before the output lock, a second job writing a running one's output removed the first
     one's temporary file and wrote its own under that name; the first then published the
     second's partial file and exited 0. Now the second is refused (exit 2, agreed by every rank) and
-    changes nothing; the first publishes its own rows; the lock file goes with its holder."""
+    changes nothing; the first publishes its own rows; the lock goes with its holder. A
+    requeued Slurm job waits for its predecessor instead."""
     test, _, _ = ingest_fashion_test(r, tmp)
     model = write_model(os.path.join(tmp, "m.h5"), [784, 64, 10], seed=4)
     ref_out = os.path.join(tmp, "ref.h5")
@@ -436,23 +458,12 @@ def test_a_second_job_writing_the_output_is_refused(r, tmp):
                     f"--infer.output={out}", "--infer.unit_rows=1000", f"--infer.slow_ranks={slow}",
                     "--infer.slow_ms=1000")
     try:
-        record = ""
-        for _ in range(3000):
-            if first.poll() is not None:
-                break
-            if os.path.exists(lock):
-                with open(lock) as f:
-                    record = f.read()
-                if re.search(r"^pid \d+$", record, re.M):
-                    break
-            time.sleep(0.01)
-        pid = re.search(r"^pid (\d+)$", record, re.M)
-        check(pid is not None, f"the first job never held {lock}: {record!r}")
+        record, pid = holder_record(first, lock)
         second = infer(r, model, test, out, "--overwrite")
         check(first.poll() is None, "the first job ended before the second was refused: the test "
               "proves nothing (a machine this slow needs a longer first job)")
         expect_exit(second, 2, f"output '{out}' (infer.output) is being written by another job",
-                    f"pid {pid.group(1)}", f"Wait until process {pid.group(1)} on", lock)
+                    f"pid {pid}", f"Wait until process {pid} on", lock)
         check(os.path.exists(os.path.join(tmp, ".s.h5.locus-tmp")),
               "the refused job removed the first one's temporary file")
         with open(lock) as f:
@@ -481,6 +492,27 @@ def test_a_second_job_writing_the_output_is_refused(r, tmp):
     same(read_scores(out)[0], ref, "the output after a refused job")
     expect_exit(infer(r, model, test, out, "--overwrite", "--infer.unit_rows=1000"), 0)
     check(lock_is_free(lock), "the lock must go with the job that took it over")
+
+    # A requeued Slurm job (the same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) waits for its
+    # predecessor, saying so, and scores once the predecessor is done.
+    first = r.start("locus-infer", f"--infer.model={model}", f"--infer.input={test}",
+                    f"--infer.output={out}", "--infer.unit_rows=1000", f"--infer.slow_ranks={slow}",
+                    "--infer.slow_ms=1000", "--overwrite",
+                    env={"SLURM_JOB_ID": "5001", "SLURM_RESTART_COUNT": "0"})
+    try:
+        holder_record(first, lock)
+        p = infer(r, model, test, out, "--overwrite", "--infer.unit_rows=1000",
+                  env={"SLURM_JOB_ID": "5001", "SLURM_RESTART_COUNT": "1"})
+        check(first.poll() is not None, "the requeued job did not wait for its predecessor", p)
+        first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    check(first.returncode == 0, "the predecessor failed")
+    expect_exit(p, 0, f"output '{out}' (infer.output) is held by an earlier instance of this "
+                "Slurm job", "Slurm job 5001", "infer.watchdog_s = 1800 ends it")
+    same(read_scores(out)[0], ref, "the requeued job's output")
 
 
 # Rank-independent checks (the model format against PyTorch, argument and input errors) run at
