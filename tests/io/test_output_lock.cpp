@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -24,6 +23,7 @@
 #include "locus/comm/watchdog.hpp"
 #include "locus/io/publish.hpp"
 #include "scoped_env.hpp"
+#include "file_test_util.hpp"
 #include "shared_tmpdir.hpp"
 
 namespace locus::io::test {
@@ -38,24 +38,9 @@ const mpi::Comm& world() {
   return w;
 }
 
-long root_pid() {
-  std::int64_t pid = ::getpid();
-  world().bcast(std::span<std::int64_t>(&pid, 1));
-  return static_cast<long>(pid);
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// Names and contents of a directory's files.
-std::map<std::string, std::string> snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    out[e.path().filename().string()] = slurp(e.path().string());
-  return out;
-}
+using locus::test::dir_snapshot;
+using locus::test::slurp;
+long root_pid() { return locus::test::root_pid(world()); }
 
 // Collective: whether another job could take the output's lock now (its record is then this
 // process's).
@@ -88,7 +73,7 @@ TEST(OutputLock, SecondWriterIsRefusedEverywhereAndChangesNothing) {
   EXPECT_EQ(lock_path_for(out), tmp.file(".out.h5.locus-lock"));
   if (world().is_root()) std::ofstream(first.temp_path()) << "the first job's rows";
   world().barrier();
-  const auto before = snapshot(tmp.path());
+  const auto before = dir_snapshot(tmp.path());
   ASSERT_TRUE(before.contains(".out.h5.locus-lock"));
   const std::string holder = describe_lock_holder(lock_path_for(out));
   EXPECT_NE(holder.find(fmt::format("pid {}", root_pid())), std::string::npos) << holder;
@@ -106,7 +91,7 @@ TEST(OutputLock, SecondWriterIsRefusedEverywhereAndChangesNothing) {
   EXPECT_NE(agreed_error<ConfigError>([&] { OutputLock::acquire(world(), out); })
                 .find("is being written by another job"), std::string::npos);
   world().barrier();
-  EXPECT_EQ(snapshot(tmp.path()), before) << "a refused job changed the directory";
+  EXPECT_EQ(dir_snapshot(tmp.path()), before) << "a refused job changed the directory";
   world().barrier();
 
   first.commit();

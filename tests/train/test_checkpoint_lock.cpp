@@ -16,13 +16,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
 
 #include "locus/comm/error.hpp"
 #include "locus/train/checkpoint/checkpoint.hpp"
+#include "file_test_util.hpp"
 #include "shared_tmpdir.hpp"
 
 extern char** environ;
@@ -37,28 +37,9 @@ const mpi::Comm& world() {
   return w;
 }
 
-// Rank 0's pid, as the holder record should name it.
-long root_pid() {
-  std::int64_t pid = ::getpid();
-  world().bcast(std::span<std::int64_t>(&pid, 1));
-  return static_cast<long>(pid);
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// Everything about a directory a job could change: names, contents, modification times.
-std::map<std::string, std::string> snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    out[e.path().filename().string()] =
-        fmt::format("{}|{}", slurp(e.path().string()),
-                    fs::last_write_time(e.path()).time_since_epoch().count());
-  }
-  return out;
-}
+using locus::test::dir_snapshot;
+using locus::test::slurp;
+long root_pid() { return locus::test::root_pid(world()); }
 
 // Runs acquire and returns the agreed ConfigError's message ("" when it succeeded).
 std::string refusal(const std::string& dir, const std::string& run, double wait_s = 0,
@@ -117,7 +98,7 @@ TEST(CheckpointLock, SecondHolderIsRefusedEverywhereAndChangesNothing) {
   CheckpointDirLock first = CheckpointDirLock::acquire(world(), dir, "run-a");
   if (world().is_root()) std::ofstream(dir + "/ckpt-00000005.h5") << "a checkpoint";
   world().barrier();
-  const auto before = snapshot(dir);
+  const auto before = dir_snapshot(dir);
   const std::string why = refusal(dir, "run-b");
   EXPECT_NE(why.find(fmt::format("checkpoint.dir '{}' is in use by another training job", dir)),
             std::string::npos) << why;
@@ -126,7 +107,7 @@ TEST(CheckpointLock, SecondHolderIsRefusedEverywhereAndChangesNothing) {
   EXPECT_NE(why.find("Set checkpoint.dir to another directory, or wait until process"),
             std::string::npos) << why;
   world().barrier();
-  EXPECT_EQ(snapshot(dir), before) << "a refused job changed the directory";
+  EXPECT_EQ(dir_snapshot(dir), before) << "a refused job changed the directory";
   EXPECT_NE(read_lock_holder(dir).find("run run-a"), std::string::npos);
 }
 

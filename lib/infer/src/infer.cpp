@@ -3,8 +3,6 @@
 #include "locus/infer/infer.hpp"
 
 #include <sched.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -34,15 +32,6 @@ namespace locus::infer {
 namespace {
 
 constexpr int kMaxReadThreads = 64;
-
-// Collective: whether `path` exists as rank 0 sees it, so every rank takes the same branch
-// (ranks on other nodes may see another job's publication late).
-bool output_exists(const mpi::Comm& comm, const std::string& path) {
-  struct stat st {};
-  std::int64_t present = comm.is_root() && ::stat(path.c_str(), &st) == 0;
-  comm.bcast(std::span<std::int64_t>(&present, 1));
-  return present != 0;
-}
 
 void check_options(const InferOptions& o, bool output_exists) {
   for (auto [key, value] : {std::pair{"infer.model", &o.model}, std::pair{"infer.input", &o.input},
@@ -287,7 +276,7 @@ std::uint64_t choose_unit_rows(std::uint64_t chunk_rows, std::uint64_t batch_row
 
 InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   const double t_start = MPI_Wtime();
-  bool exists = output_exists(comm, opts.output);
+  bool exists = io::output_exists(comm, opts.output);
   mpi::agree_on(comm, [&] {
     check_options(opts, exists);
     train::set_blas_threads(opts.blas_threads);
@@ -295,7 +284,7 @@ InferResult run_inference(const mpi::Comm& comm, const InferOptions& opts) {
   // Held until the report is written, so no other job writes the output meanwhile; whether the
   // output exists is looked at again under it (another job may have published it meanwhile).
   const io::OutputLock lock = io::OutputLock::acquire(comm, opts.output, "infer.output");
-  exists = output_exists(comm, opts.output);
+  exists = io::output_exists(comm, opts.output);
   mpi::agree_on(comm, [&] { check_options(opts, exists); });
   // Collective (the node-local split that picks a GPU), so outside the check above.
   detail::EngineChoice engine;

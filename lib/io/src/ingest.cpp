@@ -2,7 +2,6 @@
 // one collective write per rank of the units it won → publish.
 #include "locus/io/ingest.hpp"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +9,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <span>
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -28,15 +26,6 @@
 namespace locus::io {
 
 namespace {
-
-// Collective: whether `path` exists as rank 0 sees it, so every rank takes the same branch
-// (ranks on other nodes may see another job's publication late).
-bool output_exists(const mpi::Comm& comm, const std::string& path) {
-  struct stat st {};
-  std::int64_t present = comm.is_root() && !path.empty() && ::stat(path.c_str(), &st) == 0;
-  comm.bcast(std::span<std::int64_t>(&present, 1));
-  return present != 0;
-}
 
 std::vector<std::string> input_paths(const IngestOptions& o) {
   if (o.source == IngestOptions::Source::csv) return {o.csv.path};

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -30,21 +32,30 @@ std::string dir_of(const std::string& path) {
   throw IoError(fmt::format("{} '{}': {}", what, path, std::strerror(errno)));
 }
 
-}  // namespace
-
-std::string temp_path_for(const std::string& final_path) {
+// "<dir>/.<name><suffix>": a hidden file beside `final_path`. Built with append rather than
+// `"." + name` (GCC 12 -O3 reports a false -Wrestrict there).
+std::string hidden_beside(const std::string& final_path, const char* suffix) {
   std::filesystem::path p(final_path);
-  // Built with append rather than `"." + name` (GCC 12 -O3 reports a false -Wrestrict there).
   std::string name(".");
-  name.append(p.filename().string()).append(".locus-tmp");
+  name.append(p.filename().string()).append(suffix);
   return (p.parent_path() / name).string();
 }
 
+}  // namespace
+
+std::string temp_path_for(const std::string& final_path) {
+  return hidden_beside(final_path, ".locus-tmp");
+}
+
 std::string lock_path_for(const std::string& final_path) {
-  std::filesystem::path p(final_path);
-  std::string name(".");
-  name.append(p.filename().string()).append(".locus-lock");
-  return (p.parent_path() / name).string();
+  return hidden_beside(final_path, ".locus-lock");
+}
+
+bool output_exists(const mpi::Comm& comm, const std::string& path) {
+  struct stat st {};
+  std::int64_t present = comm.is_root() && !path.empty() && ::stat(path.c_str(), &st) == 0;
+  comm.bcast(std::span<std::int64_t>(&present, 1));
+  return present != 0;
 }
 
 OutputLock OutputLock::acquire(const mpi::Comm& comm, const std::string& path,

@@ -18,6 +18,10 @@ std::string temp_path_for(const std::string& final_path);
 // The lock file of the output `final_path`: "<dir>/.<name>.locus-lock".
 std::string lock_path_for(const std::string& final_path);
 
+// Collective over comm: whether `path` exists as comm's rank 0 sees it ("" does not), so that
+// every rank takes the same branch (ranks on other nodes may see a publication late).
+bool output_exists(const mpi::Comm& comm, const std::string& path);
+
 // Ownership of an output by one job while it writes it (a publication, or an append or
 // extension in place): comm's rank 0 holds a FileLock on lock_path_for(path) (the file stays,
 // with the last holder's record). Without it, a second job writing the same output removes the
