@@ -188,8 +188,10 @@ def test_watchdog_sleeps_through_a_suspension(r, tmp):
     """Every process of the job stopped for 3 watchdog periods (as Slurm suspends a job), then
     continued: the run completes as if nothing happened."""
     prepare(r, tmp)
+    # 756 steps take 0.02 s of compute: without the 5 ms per step the whole run could end between
+    # the first metrics line and the SIGSTOP (it did on a loaded CI machine). With it, ~4 s.
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OPENBLAS_NUM_THREADS="1")
+               OPENBLAS_NUM_THREADS="1", LOCUS_TEST_HOOK="train-step:delay5")
     cmd = r.command("locus-train", "--config", CONFIG, "--train.watchdog_s=2", "--train.epochs=12",
                     "--data.test=")
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
