@@ -1,5 +1,8 @@
 """Shared helpers for end-to-end app tests: run an app under mpiexec, compare HDF5 files."""
+import contextlib
+import glob
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,6 +98,37 @@ def hold_lock_file(path):
     check(os.path.exists(ready), f"flock(1) did not take {path}")
     os.remove(ready)
     return p
+
+
+def child_pids(pid):
+    """The processes whose parent is `pid` (under plain mpirun: its ranks)."""
+    out = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.split("/")[2]))
+    return out
+
+
+@contextlib.contextmanager
+def suspended(proc, ranks):
+    """mpirun `proc` and its `ranks` ranks SIGSTOPped (as Slurm suspends a job) for the body,
+    then SIGCONTed: a window in which the job is known to be mid-run however fast or slow the
+    machine is. A stopped process keeps its locks; the watchdog does not count stopped time."""
+    pids = [proc.pid] + child_pids(proc.pid)
+    check(len(pids) == ranks + 1, f"found {len(pids) - 1} ranks under mpirun, not {ranks}")
+    check(proc.poll() is None, f"the job ended (rc {proc.returncode}) before it was suspended")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def no_outputs(path):

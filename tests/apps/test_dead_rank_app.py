@@ -18,7 +18,7 @@ import time
 import h5py
 import numpy as np
 
-from apphelpers import check, expect_exit, main
+from apphelpers import check, child_pids, expect_exit, main
 
 EXIT_INTERNAL = 70
 # A healthy run of these tiny jobs takes 2-5 s on the 2-core CI machine; a hung one would run
@@ -171,19 +171,6 @@ def test_watchdog_names_a_stuck_collective_write(r, tmp):
     check(unpublished(os.path.join(tmp, "tiny-train.h5")), "a dataset was published", p)
 
 
-def children(pid):
-    out = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.split("/")[2]))
-    return out
-
-
 def test_watchdog_sleeps_through_a_suspension(r, tmp):
     """Every process of the job stopped for 3 watchdog periods (as Slurm suspends a job), then
     continued: the run completes as if nothing happened."""
@@ -203,7 +190,7 @@ def test_watchdog_sleeps_through_a_suspension(r, tmp):
             check(proc.poll() is None and time.monotonic() < deadline,
                   "the run ended or stalled before its first metrics line")
             time.sleep(0.02)
-        ranks = children(proc.pid)
+        ranks = child_pids(proc.pid)
         check(len(ranks) == r.ranks, f"found {len(ranks)} ranks under mpirun, not {r.ranks}")
         for pid in [proc.pid] + ranks:
             os.kill(pid, signal.SIGSTOP)

@@ -6,7 +6,9 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
+import threading
 import time
 
 # Many runs here fail on purpose; Open MPI's mpiexec then waits odls_base_sigkill_timeout (1 s)
@@ -18,7 +20,7 @@ import h5py
 import numpy as np
 
 from apphelpers import (FASHION, check, expect_exit, hold_lock_file, lock_is_free, lock_path, main,
-                        no_outputs)
+                        no_outputs, suspended)
 
 EXIT_CONFIG, EXIT_DATA = 2, 3
 DATASETS = ("scores", "predicted", "topk_classes", "topk_scores")
@@ -166,11 +168,13 @@ def test_slow_rank_triggers_speculation(r, tmp):
     ref_out = os.path.join(tmp, "ref.h5")
     expect_exit(infer(r, model, test, ref_out, "--infer.unit_rows=334", ranks=1), 0)
     out = os.path.join(tmp, "slow.h5")
+    # Rank 1 sleeps 10 s before each unit it claims, cut short once another rank finishes that
+    # unit: the fast ranks always have time to overtake it, and a passing run takes no longer.
     # On a loaded machine the fast ranks may take every unit before the slow rank is scheduled;
     # such a run proves nothing, so try again (a few times at most).
     for _ in range(4):
         p = infer(r, model, test, out, "--infer.unit_rows=334", "--infer.slow_ranks=1",
-                  "--infer.slow_ms=400", "--infer.record_writer=true", "--overwrite")
+                  "--infer.slow_ms=10000", "--infer.record_writer=true", "--overwrite")
         expect_exit(p, 0)
         rep = report(out)
         if rep["per_rank"][1]["units_claimed"] > 0:
@@ -452,20 +456,26 @@ def test_a_second_job_writing_the_output_is_refused(r, tmp):
     expect_exit(infer(r, model, test, ref_out, "--infer.unit_rows=1000"), 0)
     out = os.path.join(tmp, "s.h5")
     lock = lock_path(out)
-    # The first job: every rank sleeps 1 s before each of the 10 units (5 s at 2 ranks).
+    # The first job: every rank sleeps 1 s before each of the 10 units (5 s at 2 ranks); once it
+    # holds the lock it is suspended while the second runs, so it is mid-run however slow this
+    # machine is.
     slow = ",".join(str(i) for i in range(r.ranks))
     first = r.start("locus-infer", f"--infer.model={model}", f"--infer.input={test}",
                     f"--infer.output={out}", "--infer.unit_rows=1000", f"--infer.slow_ranks={slow}",
                     "--infer.slow_ms=1000")
     try:
         record, pid = holder_record(first, lock)
-        second = infer(r, model, test, out, "--overwrite")
-        check(first.poll() is None, "the first job ended before the second was refused: the test "
-              "proves nothing (a machine this slow needs a longer first job)")
+        temp = os.path.join(tmp, ".s.h5.locus-tmp")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(temp):  # the first job's file, which the second must not touch
+            check(first.poll() is None and time.monotonic() < deadline,
+                  f"the first job never created {temp}")
+            time.sleep(0.01)
+        with suspended(first, r.ranks):
+            second = infer(r, model, test, out, "--overwrite")
         expect_exit(second, 2, f"output '{out}' (infer.output) is being written by another job",
                     f"pid {pid}", f"Wait until process {pid} on", lock)
-        check(os.path.exists(os.path.join(tmp, ".s.h5.locus-tmp")),
-              "the refused job removed the first one's temporary file")
+        check(os.path.exists(temp), "the refused job removed the first one's temporary file")
         with open(lock) as f:
             check(f.read() == record, "the refused job changed the first one's lock file")
         stdout, stderr = first.communicate(timeout=300)
@@ -494,21 +504,39 @@ def test_a_second_job_writing_the_output_is_refused(r, tmp):
     check(lock_is_free(lock), "the lock must go with the job that took it over")
 
     # A requeued Slurm job (the same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) waits for its
-    # predecessor, saying so, and scores once the predecessor is done.
+    # predecessor, saying so, and scores once the predecessor is done. The predecessor stays
+    # suspended until the requeued job says it waits.
     first = r.start("locus-infer", f"--infer.model={model}", f"--infer.input={test}",
                     f"--infer.output={out}", "--infer.unit_rows=1000", f"--infer.slow_ranks={slow}",
                     "--infer.slow_ms=1000", "--overwrite",
                     env={"SLURM_JOB_ID": "5001", "SLURM_RESTART_COUNT": "0"})
+    requeued = None
     try:
         holder_record(first, lock)
-        p = infer(r, model, test, out, "--overwrite", "--infer.unit_rows=1000",
-                  env={"SLURM_JOB_ID": "5001", "SLURM_RESTART_COUNT": "1"})
-        check(first.poll() is not None, "the requeued job did not wait for its predecessor", p)
+        with suspended(first, r.ranks):
+            requeued = r.start("locus-infer", f"--infer.model={model}", f"--infer.input={test}",
+                               f"--infer.output={out}", "--overwrite", "--infer.unit_rows=1000",
+                               env={"SLURM_JOB_ID": "5001", "SLURM_RESTART_COUNT": "1"})
+            said = []  # its stderr, line by line, read by a thread (a readline could block)
+            reader = threading.Thread(target=lambda: said.extend(iter(requeued.stderr.readline, "")),
+                                      daemon=True)
+            reader.start()
+            deadline = time.monotonic() + 120
+            while not any("held by an earlier instance" in line for line in list(said)):
+                check(requeued.poll() is None and time.monotonic() < deadline,
+                      f"the requeued job did not say it waits: {''.join(said)}")
+                time.sleep(0.05)
         first.communicate(timeout=300)
+        requeued_out = requeued.stdout.read()
+        requeued.wait(timeout=300)
+        reader.join()
+        p = subprocess.CompletedProcess(requeued.args, requeued.returncode, requeued_out,
+                                        "".join(said))
     finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
+        for job in (first, requeued):
+            if job is not None and job.poll() is None:
+                job.kill()
+                job.wait()
     check(first.returncode == 0, "the predecessor failed")
     expect_exit(p, 0, f"output '{out}' (infer.output) is held by an earlier instance of this "
                 "Slurm job", "Slurm job 5001", "infer.watchdog_s = 1800 ends it")

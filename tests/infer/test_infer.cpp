@@ -206,7 +206,10 @@ TEST(Infer, SlowRankIsOvertakenAndOutputIsUnchanged) {
   write_data(s.world, s.data_path, 6000);
   infer::InferOptions o = s.options(s.dir.file("slow.h5"));
   o.slow_ranks = {s.world.size() - 1};
-  o.slow_ms = 300;
+  // 10 s before each unit it claims, but cut short once another rank finishes that unit: the
+  // fast ranks have all the time they need to drain the queue and overtake it, however slow
+  // the machine (at 300 ms they sometimes had not), and a passing run takes no longer.
+  o.slow_ms = 10000;
   o.overwrite = true;
   // On a loaded machine the fast ranks may drain every unit before the slow rank is scheduled
   // at all; such a run proves nothing, so try again (a few times at most).

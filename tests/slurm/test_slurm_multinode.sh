@@ -23,7 +23,8 @@ probe=$(readlink -f "${2:?usage: $0 APPS_DIR PATH_TO_slurm_node_probe}")
 [ -x "$probe" ] || slurm_fail "$probe is not an executable: build the target slurm_node_probe"
 # 79 steps an epoch (global batch 128). The preemption comes past the first epoch-end checkpoint
 # (so the rerun must take the newest one, the signal's) and well before the end. Rank 3 waits
-# 20 ms a step in every run: the other ranks wait for it, so a step takes at least that.
+# 50 ms a step in every run: the other ranks wait for it, so a step takes at least that, and
+# the 152 steps from step 85 to the end at least 7.6 s, the window for the preemption.
 readonly epochs=3 steps=$((3 * 79)) interrupt_at=85
 train_args=(--data.train=fm-test.h5 --data.test=fm-test.h5 "--model.widths=784,128,10"
   --model.dropout=0.1 --optim.warmup_steps=10 "--train.epochs=$epochs" --train.log_every=5
@@ -86,7 +87,7 @@ srun -n 4 "$probe"
 EOF
 probe_job=$(slurm_submit -N 2 --ntasks-per-node=2 -o probe.log probe.sh)
 ingest=$(locus_submit_fm_test_ingest)
-job=$(LOCUS_EXCLUDE_STRAGGLERS=1 LOCUS_TEST_HOOK=train-step:delay20@3 slurm_submit \
+job=$(LOCUS_EXCLUDE_STRAGGLERS=1 LOCUS_TEST_HOOK=train-step:delay50@3 slurm_submit \
   --dependency=afterok:"$ingest" -p low -N 2 --ntasks=4 --ntasks-per-node=2 -o train.log \
   "$LOCUS_REPO/slurm/train.sbatch" "${train_args[@]}" --train.output=model.h5 \
   --train.metrics=metrics.jsonl --checkpoint.dir=ck)

@@ -115,40 +115,44 @@ ranks_on_two_nodes() {
     }' >"placement-$1" || { echo "job $1: ranks not 2+2 on two hosts: $(echo "$r" | tr '\n' ';')" >&2; return 1; }
 }
 last_step() { locus_last_step "$1.jsonl"; }
-running_past_cut() {
-  local name
-  for name in A B; do
-    case " $SLURM_FINAL_STATES " in
-      *" $(slurm_job_field "${job[$name]}" JobState) "*) slurm_fail "job $name (${job[$name]}) ended $(slurm_job_field "${job[$name]}" JobState) before its node was cut off" ;;
-    esac
-    [ "$(last_step "$name")" -ge $cut_at ] || return 1
-  done
-}
-declare -A first_a first_b cut_node at
+declare -A first_a first_b cut_node at cut
 for name in A B; do
   slurm_wait_until 90 "the 4 ranks of job $name (${job[$name]}) on two hosts" ranks_on_two_nodes "${job[$name]}" ||
     slurm_fail "job $name: $(train_ranks "${job[$name]}" | tr '\n' ';') $(tail -n 5 "$name.log")"
   read -r "first_a[$name]" "first_b[$name]" <"placement-${job[$name]}"
 done
-slurm_wait_until 90 "jobs A and B past step $cut_at" running_past_cut ||
-  slurm_fail "at steps $(last_step A) and $(last_step B): $(tail -n 20 A.log B.log)"
 # A loses the node of its ranks 2,3; B its batch node, that of mpirun and ranks 0,1.
 cut_node[A]=${first_b[A]}
 cut_node[B]=${first_a[B]}
 [ "$(slurm_job_field "${job[B]}" BatchHost)" = "${cut_node[B]}" ] ||
   slurm_fail "job B: ranks 0,1 run on ${cut_node[B]}, its batch host is $(slurm_job_field "${job[B]}" BatchHost)"
 net_id=$(sed -n 's/^id=//p' "$net/nodes.env")
-for name in A B; do
-  at[$name]=$(last_step "$name")
-  bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" down
-  # The emulated nodes share this machine's 2 cores, where a lost node's would be its own: its
-  # stranded ranks poll at 100% of a core each until their watchdog ends them (measured), so
-  # they get nice 19 and leave the cores to the nodes that are up.
-  for p in $(ip netns pids "locus-$net_id-n${cut_node[$name]#node}"); do
-    renice -n 19 -p "$p" >/dev/null 2>&1 || true
+# Whether job $1 is past step $cut_at; fails the test at once if it has ended.
+past_cut() {
+  case " $SLURM_FINAL_STATES " in
+    *" $(slurm_job_field "${job[$1]}" JobState) "*) slurm_fail "job $1 (${job[$1]}) ended $(slurm_job_field "${job[$1]}" JobState) before its node was cut off" ;;
+  esac
+  [ "$(last_step "$1")" -ge $cut_at ]
+}
+# Each job loses its node as soon as it is past step $cut_at: one may start seconds after the
+# other, and waiting for both would leave the first only a few steps before its end.
+deadline=$((SECONDS + 90))
+while [ -z "${cut[A]:-}" ] || [ -z "${cut[B]:-}" ]; do
+  [ $SECONDS -lt $deadline ] || slurm_fail "at steps $(last_step A) and $(last_step B) after 90 s: $(tail -n 20 A.log B.log)"
+  for name in A B; do
+    if [ -n "${cut[$name]:-}" ] || ! past_cut "$name"; then continue; fi
+    at[$name]=$(last_step "$name")
+    bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" down
+    cut[$name]=$SECONDS
+    # The emulated nodes share this machine's 2 cores, where a lost node's would be its own: its
+    # stranded ranks poll at 100% of a core each until their watchdog ends them (measured), so
+    # they get nice 19 and leave the cores to the nodes that are up.
+    for p in $(ip netns pids "locus-$net_id-n${cut_node[$name]#node}"); do
+      renice -n 19 -p "$p" >/dev/null 2>&1 || true
+    done
   done
+  sleep 0.2
 done
-cut=$SECONDS
 slurm_log "job A (${job[A]}): ranks 0,1 on ${first_a[A]}, 2,3 on ${first_b[A]}; ${cut_node[A]} cut off at step ${at[A]}"
 slurm_log "job B (${job[B]}): ranks 0,1 on ${first_a[B]}, 2,3 on ${first_b[B]}; ${cut_node[B]} (its batch host) cut off at step ${at[B]}"
 
@@ -158,13 +162,13 @@ is_up() { case "$(node_state "$1")" in idle | allocated | mixed) return 0 ;; esa
 declare -A down_s rerun_s rejoin_s
 for name in A B; do
   slurm_wait_until 60 "${cut_node[$name]} to be set DOWN" is_down "${cut_node[$name]}" ||
-    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - cut)) s after its link went down"
-  down_s[$name]=$((SECONDS - cut))
+    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - ${cut[$name]})) s after its link went down"
+  down_s[$name]=$((SECONDS - ${cut[$name]}))
 done
 for name in A B; do
   slurm_wait_until 120 "the rerun of job $name to start" grep -q "restart 1, " "$name.log" ||
     slurm_fail "job $name (${job[$name]}) was not started again: $(slurm_job_field "${job[$name]}" JobState) $(tail -n 5 "$name.log")"
-  rerun_s[$name]=$((SECONDS - cut))
+  rerun_s[$name]=$((SECONDS - ${cut[$name]}))
 done
 # B's rerun waits for the locks until its stranded predecessor's watchdog ends it; the first it
 # takes is its model file's (train.output), which the predecessor's rank 0 holds as well.
@@ -189,7 +193,7 @@ done
 # What let B's rerun in: its stranded predecessor's watchdog, which wrote to the shared log.
 grep -q "^\[rank 0/4 ${cut_node[B]}\] watchdog: no progress for $b_watchdog s in " B.log ||
   slurm_fail "B.log: no watchdog line of the stranded rank 0 on ${cut_node[B]}: $(grep -v '^{' B.log | tail -n 20)"
-slurm_log "job B: its rerun took the lock once the stranded predecessor's watchdog ended it, $((SECONDS - cut)) s after the cut at most"
+slurm_log "job B: its rerun took the lock once the stranded predecessor's watchdog ended it, $((SECONDS - ${cut[B]})) s after its cut at most"
 locus_reference_wait
 
 # The network back (only now: a stranded instance ends as soon as it can talk again, its peers
