@@ -193,7 +193,7 @@ done
 # What let B's rerun in: its stranded predecessor's watchdog, which wrote to the shared log.
 grep -q "^\[rank 0/4 ${cut_node[B]}\] watchdog: no progress for $b_watchdog s in " B.log ||
   slurm_fail "B.log: no watchdog line of the stranded rank 0 on ${cut_node[B]}: $(grep -v '^{' B.log | tail -n 20)"
-slurm_log "job B: its rerun took the lock once the stranded predecessor's watchdog ended it, $((SECONDS - ${cut[B]})) s after its cut at most"
+slurm_log "job B: its rerun took the lock once the stranded predecessor's watchdog ended it, $((SECONDS - cut[B])) s after its cut at most"
 locus_reference_wait
 
 # The network back (only now: a stranded instance ends as soon as it can talk again, its peers

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# A node lost mid-job by the two apps whose batch scripts do not ask for --requeue: an ingest
+# (slurm/ingest.sbatch) and a scoring job (slurm/infer.sbatch), 2 whole nodes x 2 tasks each on
+# 6 nodes with a network of their own (slurm-cluster.sh --netns, as test_slurm_netns.sh):
+#  - job I ingests Fashion-MNIST's test set (every unit slowed by 1.5 s: about 12 s of work);
+#  - job S scores it with a model file (every rank sleeps 1.5 s before each unit: about 12 s).
+# Once each job has its four ranks on two hosts and its temporary output, the node of its ranks
+# 2,3 loses its network for good (its processes keep running, cut off): the ingest's peers then
+# wait in its collectives after parsing, the scorer's in its one-sided work queue. slurmctld sets the
+# nodes DOWN after SlurmdTimeout (10 s) and requeues both jobs (the cluster's JobRequeue=1,
+# Slurm's default). Each rerun lands on nodes that are up, starts again from nothing (nothing
+# was published: a full run publishes atomically) and publishes exactly what an uninterrupted
+# run does: the dataset bit for bit the one a plain 2-rank ingest writes, the prediction file
+# bit for bit a plain 2-rank scoring's, no temporary file left. Then the links come back and
+# the nodes return to service with no rank of either job left.
+# Exits 77 (skipped) where network namespaces cannot be made (netns-nodes.sh check).
+#   test_slurm_netns_ingest_infer.sh APPS_DIR
+set -euo pipefail
+# shellcheck source=scripts/slurm-lib.sh
+. "$(dirname "$0")/../../scripts/slurm-lib.sh"
+# shellcheck source=tests/slurm/locus-jobs-lib.sh
+. "$(dirname "$0")/locus-jobs-lib.sh"
+
+locus_trainer_setup "${1:?usage: $0 APPS_DIR}"
+[ -x "$LOCUS_BIN/locus-infer" ] || slurm_fail "$LOCUS_BIN/locus-infer is not an executable: build locus-infer"
+nodes_sh=$LOCUS_REPO/scripts/netns-nodes.sh
+if ! bash "$nodes_sh" check; then
+  echo "SKIP: cannot make nodes with a network of their own here (need root, ip netns, veth, bridge, tc tbf)"
+  exit 77
+fi
+export LSC_LIFETIME=300
+# 30 units of 334 records (Fashion-MNIST's test set, 10000 images) in both jobs, 1.5 s each:
+# about 8 units a rank, 12 s a run, however fast the machine; the cut comes in its first
+# seconds. The same unit size for the ingests compared (statistics depend on it).
+readonly unit_bytes=$((334 * 784)) unit_rows=334 slow_ms=1500
+fm_args=("--ingest.images=$LOCUS_FM_DATA/t10k-images-idx3-ubyte.gz"
+  "--ingest.labels=$LOCUS_FM_DATA/t10k-labels-idx1-ubyte.gz" "--ingest.unit_bytes=$unit_bytes")
+
+slurm_cluster_setup --nodes 6 --netns
+cd "$LSC_WORK"
+net=$LSC_DIR/net
+[ "$(sinfo -h -N -o '%N %c %T' | sort -u | tr '\n' ' ')" = "$(printf 'node%d 4 idle ' 1 2 3 4 5 6)" ] ||
+  slurm_fail "expected nodes node1..node6, 4 CPUs each, idle: $(sinfo -N)"
+
+# The scorer's input and the ingest's reference: a plain 2-rank ingest, no Slurm. The model: a
+# locus model file, 784-64-10, seeded weights.
+# shellcheck disable=SC2086 # word splitting is meant
+OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BIN/locus-ingest" \
+  --ingest.output=fm-test.h5 "${fm_args[@]}" >ref-ingest.log 2>&1 ||
+  slurm_fail "the reference ingest failed: $(cat ref-ingest.log)"
+OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - m.h5 <<'EOF'
+import sys
+import h5py
+import numpy as np
+rng = np.random.default_rng(7)
+widths = [784, 64, 10]
+with h5py.File(sys.argv[1], "w") as f:
+    for i in range(len(widths) - 1):
+        f[f"layers.{i}.weight"] = (rng.standard_normal((widths[i + 1], widths[i])) * 0.05).astype(np.float32)
+        f[f"layers.{i}.bias"] = (rng.standard_normal(widths[i + 1]) * 0.1).astype(np.float32)
+    f.attrs["locus_format"] = "locus-model"
+    f.attrs["schema_version"] = 1
+    f.attrs["widths"] = np.array(widths, dtype=np.int64)
+    f.attrs["activation"] = "relu"
+    f.attrs["loss"] = "cross_entropy"
+EOF
+infer_args=(--infer.model=m.h5 --infer.input=fm-test.h5 "--infer.unit_rows=$unit_rows")
+# shellcheck disable=SC2086 # word splitting is meant
+OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BIN/locus-infer" \
+  "${infer_args[@]}" --infer.output=scores-ref.h5 >ref-infer.log 2>&1 ||
+  slurm_fail "the reference scoring failed: $(cat ref-infer.log)"
+
+# Both jobs on whole nodes, so that they never share one; the scripts as a user submits them.
+declare -A job app output
+job[I]=$(LOCUS_TEST_HOOK=ingest-unit:delay$slow_ms slurm_submit -N 2 --ntasks=4 --ntasks-per-node=2 \
+  --exclusive -o I.log "$LOCUS_REPO/slurm/ingest.sbatch" --ingest.output=I.h5 "${fm_args[@]}")
+job[S]=$(slurm_submit -N 2 --ntasks=4 --ntasks-per-node=2 --exclusive -o S.log \
+  "$LOCUS_REPO/slurm/infer.sbatch" "${infer_args[@]}" --infer.output=S.h5 \
+  --infer.slow_ranks=0,1,2,3 "--infer.slow_ms=$slow_ms")
+app[I]=locus-ingest
+app[S]=locus-infer
+output[I]=I.h5
+output[S]=S.h5
+
+# "RANK HOST" for every live rank of app $2 in job $1 (the host name of its UTS namespace).
+job_ranks() {
+  local p env
+  for p in $(pgrep -x "$2" || true); do
+    env=$({ tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null) || continue
+    grep -qx "SLURM_JOB_ID=$1" <<<"$env" || continue
+    echo "$(sed -n 's/^OMPI_COMM_WORLD_RANK=//p' <<<"$env") $(nsenter --uts --target "$p" hostname 2>/dev/null || echo -)"
+  done | sort -n
+}
+# Succeeds when job $1 (app $2) has its 4 ranks running, 0,1 on one host and 2,3 on another;
+# writes the two hosts to the file placement-$1.
+ranks_on_two_nodes() {
+  local r
+  r=$(job_ranks "$1" "$2")
+  [ "$(echo "$r" | grep -c .)" = 4 ] || return 1
+  echo "$r" | awk '
+    { rank[NR-1] = $1; host[NR-1] = $2 }
+    END {
+      for (i = 0; i < 4; i++) if (rank[i] != i || host[i] !~ /^node[1-6]$/) exit 1
+      if (host[0] != host[1] || host[2] != host[3] || host[0] == host[2]) exit 1
+      print host[0], host[2]
+    }' >"placement-$1" || return 1
+}
+temp_of() { echo ".$1.locus-tmp"; }
+# Job $1 is mid-run: its ranks are placed (the ingest then parses for about 12 s before it
+# writes), and the scorer has its temporary output (it creates it before the first unit).
+# Fails the test at once if the job has ended.
+mid_run() {
+  case " $SLURM_FINAL_STATES " in
+    *" $(slurm_job_field "${job[$1]}" JobState) "*) slurm_fail "job $1 (${job[$1]}) ended $(slurm_job_field "${job[$1]}" JobState) before its node was cut off: $(tail -n 20 "$1.log")" ;;
+  esac
+  ranks_on_two_nodes "${job[$1]}" "${app[$1]}" || return 1
+  [ "$1" = I ] || [ -e "$(temp_of "${output[$1]}")" ]
+}
+
+net_id=$(sed -n 's/^id=//p' "$net/nodes.env")
+declare -A first_a first_b cut_node cut
+deadline=$((SECONDS + 120))
+while [ -z "${cut[I]:-}" ] || [ -z "${cut[S]:-}" ]; do
+  [ $SECONDS -lt $deadline ] ||
+    slurm_fail "not both mid-run with 4 ranks on two hosts after 120 s: I: $(job_ranks "${job[I]}" locus-ingest | tr '\n' ';') S: $(job_ranks "${job[S]}" locus-infer | tr '\n' ';') $(tail -n 5 I.log S.log)"
+  for name in I S; do
+    if [ -n "${cut[$name]:-}" ] || ! mid_run "$name"; then continue; fi
+    read -r "first_a[$name]" "first_b[$name]" <"placement-${job[$name]}"
+    cut_node[$name]=${first_b[$name]}
+    bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" down
+    cut[$name]=$SECONDS
+    # The emulated nodes share this machine's 2 cores: stranded ranks that poll get nice 19.
+    for p in $(ip netns pids "locus-$net_id-n${cut_node[$name]#node}"); do
+      renice -n 19 -p "$p" >/dev/null 2>&1 || true
+    done
+    slurm_log "job $name (${job[$name]}, ${app[$name]}): ranks 0,1 on ${first_a[$name]}, 2,3 on ${first_b[$name]}; ${cut_node[$name]} cut off mid-run"
+  done
+  sleep 0.2
+done
+
+node_state() { sinfo -h -n "$1" -o %T | head -n 1; }
+is_down() { case "$(node_state "$1")" in down*) return 0 ;; esac; return 1; }
+is_up() { case "$(node_state "$1")" in idle | allocated | mixed) return 0 ;; esac; return 1; }
+declare -A down_s rerun_s rejoin_s
+for name in I S; do
+  slurm_wait_until 60 "${cut_node[$name]} to be set DOWN" is_down "${cut_node[$name]}" ||
+    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - ${cut[$name]})) s after its link went down"
+  down_s[$name]=$((SECONDS - ${cut[$name]}))
+done
+for name in I S; do
+  slurm_wait_until 120 "the rerun of job $name to start" grep -q "restart 1, " "$name.log" ||
+    slurm_fail "job $name (${job[$name]}) was not started again: $(slurm_job_field "${job[$name]}" JobState) $(tail -n 5 "$name.log")"
+  rerun_s[$name]=$((SECONDS - ${cut[$name]}))
+  nodes=$(scontrol show hostnames "$(slurm_job_field "${job[$name]}" NodeList)" | tr '\n' ' ')
+  if [ "$(wc -w <<<"$nodes")" != 2 ] || grep -qw "${cut_node[$name]}" <<<"$nodes"; then
+    slurm_fail "the rerun of job $name runs on '$nodes', expected two nodes without the cut-off ${cut_node[$name]}"
+  fi
+  slurm_log "job $name: ${cut_node[$name]} DOWN ${down_s[$name]} s after the cut, rerun started ${rerun_s[$name]} s after it, on $nodes"
+done
+for name in I S; do
+  slurm_wait_state "${job[$name]}" COMPLETED 180 || slurm_fail "job $name did not complete: $(tail -n 30 "$name.log")"
+  [ "$(slurm_job_field "${job[$name]}" ExitCode)" = 0:0 ] || slurm_fail "job $name: ExitCode $(slurm_job_field "${job[$name]}" ExitCode)"
+done
+
+# The network back: the nodes rejoin by themselves, and what ran on them has ended.
+for name in I S; do bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" up; done
+back=$SECONDS
+for name in I S; do
+  slurm_wait_until 150 "${cut_node[$name]} to return to service" is_up "${cut_node[$name]}" ||
+    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - back)) s after its link came back: $(grep "${cut_node[$name]}" "$LSC_DIR/log/slurmctld.log" | tail -n 5)"
+  rejoin_s[$name]=$((SECONDS - back))
+  none_left() { [ -z "$(job_ranks "$1" "$2")" ]; }
+  slurm_wait_until 30 "no rank of job $name left" none_left "${job[$name]}" "${app[$name]}" ||
+    slurm_fail "ranks of job $name still run: $(job_ranks "${job[$name]}" "${app[$name]}" | tr '\n' ';')"
+done
+
+for name in I S; do
+  j=${job[$name]}
+  [ "$(slurm_job_field "$j" Restarts)" = 1 ] || slurm_fail "job $name: Restarts=$(slurm_job_field "$j" Restarts), expected 1"
+  grep -q "requeue job JobId=$j due to failure of node ${cut_node[$name]}" "$LSC_DIR/log/slurmctld.log" ||
+    slurm_fail "slurmctld did not log the requeue of job $j for ${cut_node[$name]}: $(tail -n 20 "$LSC_DIR/log/slurmctld.log")"
+  grep -q "restart 1, .*, 4 tasks: mpirun -n 4 " "$name.log" ||
+    slurm_fail "$name.log: the rerun is not one 4-task mpirun: $(grep 'restart ' "$name.log")"
+  [ ! -e "$(temp_of "${output[$name]}")" ] || slurm_fail "job $name left its temporary file $(temp_of "${output[$name]}")"
+done
+locus_same_tensors I.h5 fm-test.h5 || slurm_fail "job I: I.h5 differs from the uninterrupted ingest's"
+[ "$(grep -c '^ingested ' I.log)" = 1 ] || slurm_fail "I.log: expected one finished ingest (the rerun's): $(grep -v '^{' I.log | tail -n 20)"
+locus_same_tensors S.h5 scores-ref.h5 || slurm_fail "job S: S.h5 differs from the uninterrupted scoring's"
+echo "PASS: an ingest and a scoring job each lost a node mid-run: DOWN in ${down_s[I]}/${down_s[S]} s, requeued by Slurm (JobRequeue) and rerun in ${rerun_s[I]}/${rerun_s[S]} s on nodes that were up, outputs bit for bit an uninterrupted run's; nodes back in ${rejoin_s[I]}/${rejoin_s[S]} s"
