@@ -1,8 +1,10 @@
 // Private to lib/comm: the hierarchical chunked all-reduce engine (train.reduction =
 // hierarchical). Per chunk: the ranks of a node send their chunk to the node leader; the
 // leaders form a chain in node order, each continuing the running sum of the node before it;
-// the last leader divides, sends the result to the other leaders, and every leader sends it to
-// the ranks of its node. Only leaders exchange data across nodes, one chunk each way.
+// the last leader divides and the result goes back along the chain (leader k passes it to
+// k - 1; chunks under 64 KiB go from the last leader to every leader at once), and every
+// leader sends it to the ranks of its node. Only leaders exchange data across nodes, and each
+// link between consecutive leaders carries a chunk once each way.
 //
 // Summation order: leader k computes (((R_{k-1} + x_a) + x_{a+1}) + ...) over its node's ranks
 // in rank order, R_{k-1} being the previous node's running sum. Where every node's ranks are
@@ -11,10 +13,11 @@
 // they are not (e.g. a cyclic distribution), the order is node by node, then rank within the
 // node: deterministic and the same on every rank, but not bitwise the flat result.
 //
-// Cost of keeping the order: the leaders' stage is a chain, so one chunk crosses nodes-1 links
-// one after the other before the result is broadcast; chunks in flight (max_in_flight) overlap
-// those hops. A node's leader also receives every node peer's whole chunk (a reduce to one
-// rank, not a reduce-scatter): meant for a handful of ranks per node.
+// Cost of keeping the order: a chunk crosses 2 (nodes - 1) links one after the other (its
+// running sum out, the result back); chunks in flight overlap those hops: max_in_flight, or
+// 2 nodes - 1 where that is more (at most 64, and at most 64 MiB of a leader's scratch), so
+// that every link is busy both ways. A node's leader also receives every node peer's whole
+// chunk (a reduce to one rank, not a reduce-scatter): meant for a handful of ranks per node.
 #pragma once
 
 #include <mpi.h>
@@ -28,10 +31,20 @@
 namespace locus::comm::detail {
 
 struct HierEngineConfig {
-  std::size_t chunk_elems = 0;   // largest chunk ever launched
+  std::size_t chunk_elems = 0;   // largest chunk the reducer would launch
   int max_in_flight = 1;
   bool divide = true;            // divide the sum by the number of ranks (all nodes)
 };
+
+// The chunks the engine asks for and how many it keeps in flight: config's, or, where the
+// chain needs more in flight, 2 nodes - 1 of them (its hops both ways), cut smaller (not under
+// 64 KiB) so that a leader's scratch stays within 64 MiB; at most 256. The same on every rank
+// (it depends on the node count and the largest node only).
+struct HierLayout {
+  std::size_t chunk_elems = 0;
+  int slots = 1;
+};
+HierLayout hier_layout(const HierEngineConfig& config, int nodes, int max_node_size);
 
 class HierEngine final : public AllreduceEngine {
  public:
@@ -45,6 +58,8 @@ class HierEngine final : public AllreduceEngine {
     return active_ < static_cast<int>(slots_.size());
   }
   int active() const noexcept override { return active_; }
+  std::size_t chunk_elems() const noexcept override { return layout_.chunk_elems; }
+  int slots() const noexcept { return layout_.slots; }
   void launch(float* data, std::size_t count, std::size_t seq) override;
   int progress() override;
 
@@ -58,6 +73,7 @@ class HierEngine final : public AllreduceEngine {
     float* data = nullptr;
     std::size_t count = 0;
     int tag = 0;
+    bool chain_back = false;             // the result goes back along the chain
     float* scratch = nullptr;            // leader: node peers' chunks, then the running sum
     std::vector<MPI_Request> requests;
     int posted = 0;
@@ -73,6 +89,7 @@ class HierEngine final : public AllreduceEngine {
 
   Topology topo_;
   HierEngineConfig config_;
+  HierLayout layout_;
   int node_size_ = 1;
   int node_rank_ = 0;
   int node_index_ = 0;

@@ -3,6 +3,7 @@
 #include "mpi_reducer.hpp"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -51,12 +52,15 @@ std::unique_ptr<AllreduceEngine> make_engine(const mpi::Comm& comm, const Reduce
   // The chain keeps rank order exactly when node indices never decrease along the ranks.
   const auto& of = topo.node_of_rank();
   const bool in_order = std::is_sorted(of.begin(), of.end());
-  note = fmt::format("hierarchical (train.reduction = {}: {}; {})",
-                     automatic ? "auto" : "hierarchical", topo.describe(),
-                     in_order ? "summed in rank order: bitwise equal to flat"
-                              : "nodes are not consecutive ranks: summed node by node, not "
-                                "bitwise equal to flat");
-  return std::make_unique<HierEngine>(std::move(topo), hier_config(o));
+  const std::string how = fmt::format("{}; {}", topo.describe(),
+                                      in_order ? "summed in rank order: bitwise equal to flat"
+                                               : "nodes are not consecutive ranks: summed node "
+                                                 "by node, not bitwise equal to flat");
+  auto engine = std::make_unique<HierEngine>(std::move(topo), hier_config(o));
+  note = fmt::format("hierarchical (train.reduction = {}: {}; {} chunks of {} KiB in flight)",
+                     automatic ? "auto" : "hierarchical", how, engine->slots(),
+                     engine->chunk_elems() * sizeof(float) / 1024);
+  return engine;
 }
 
 double seconds(std::chrono::steady_clock::duration d) {
@@ -69,7 +73,7 @@ MpiReducer::MpiReducer(mpi::Comm comm, std::span<float> grads, const ReducerOpti
     : comm_(std::move(comm)),
       grads_(grads),
       engine_(make_engine(comm_, options, reduction_)),
-      chunk_elems_(options.chunk_bytes / sizeof(float)) {
+      chunk_elems_(engine_->chunk_elems()) {
   build_layout(std::max<std::size_t>(1, options.bucket_bytes / sizeof(float)), chunk_elems_);
 }
 

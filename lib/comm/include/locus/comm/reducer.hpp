@@ -88,7 +88,9 @@ struct ReducerOptions {
   // whole chunk) instead of reduce-scatter + allgather, and messages at most this large travel
   // as eager-sized fragments instead of one rendezvous: fewer latency rounds for small data.
   std::size_t small_bytes = std::size_t{32} << 10;
-  // Chunks in flight at once. Scratch memory is about max_in_flight * chunk_bytes.
+  // Chunks in flight at once. Scratch memory is about max_in_flight * chunk_bytes. The
+  // hierarchical engine keeps at least 2 * nodes - 1 in flight (its chain's hops), within 64
+  // and 64 MiB of a leader's scratch.
   int max_in_flight = 4;
   // NCCL: how long the host waits for a collective (polling NCCL's asynchronous error state)
   // before it aborts the communicator and throws an NcclError; 0: forever. Time a process
