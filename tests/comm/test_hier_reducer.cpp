@@ -93,12 +93,12 @@ void streaming_step(comm::GradientReducer& r, std::vector<float>& grads,
 }
 
 // What the hierarchical reducer's description says it keeps in flight: {chunks, KiB each}.
-std::pair<int, long> said_in_flight(const std::string& reduction) {
+std::pair<int, double> said_in_flight(const std::string& reduction) {
   const auto at = reduction.rfind("; ");
   int chunks = 0;
-  long kib = 0;
+  double kib = 0;
   if (at == std::string::npos ||
-      std::sscanf(reduction.c_str() + at, "; %d chunks of %ld KiB in flight)", &chunks, &kib) != 2)
+      std::sscanf(reduction.c_str() + at, "; %d chunks of %lf KiB in flight)", &chunks, &kib) != 2)
     ADD_FAILURE() << "no chunks in flight in: " << reduction;
   return {chunks, kib};
 }
@@ -135,7 +135,7 @@ TEST(HierReducer, ConsecutiveNodesAreBitwiseFlat) {
       const int nodes = (world.size() + std::atoi(per_node) - 1) / std::atoi(per_node);
       EXPECT_GE(said_in_flight(hier->reduction()).first, std::max(in_flight, 2 * nodes - 1))
           << hier->reduction();
-      EXPECT_EQ(said_in_flight(hier->reduction()).second, static_cast<long>(chunk / 1024))
+      EXPECT_EQ(said_in_flight(hier->reduction()).second, static_cast<double>(chunk) / 1024)
           << hier->reduction();
       streaming_step(*flat, flat_grads, in, 7);
       streaming_step(*hier, hier_grads, in, 5);
@@ -150,6 +150,40 @@ TEST(HierReducer, ConsecutiveNodesAreBitwiseFlat) {
       }
       expect_same_on_all_ranks(world, hier_grads);
     }
+  }
+}
+
+// Chunks of 64 KiB, whose result goes back along the chain of leaders, more of them than are
+// in flight, streamed and one-shot: one rank a node, and nodes of unequal sizes named by Slurm
+// (at 4 ranks: a, b, b, c -- a middle leader with a peer). Bitwise flat's and the reference.
+TEST(HierReducer, ResultBackAlongTheChainIsBitwiseFlat) {
+  mpi::Comm world = mpi::Comm::world();
+  const std::size_t n = 200003;  // 13 chunks of 64 KiB
+  const std::vector<float> in = input(world.rank(), n, 13);
+  const std::vector<float> ref = in_order(rank_order(world.size()), n, 13);
+  for (const bool by_name : {false, true}) {
+    ScopedEnv env("LOCUS_TEST_RANKS_PER_NODE", by_name ? nullptr : "1");
+    const int r = world.rank();
+    const std::string name = r == 0 ? "a" : r == world.size() - 1 && r > 1 ? "c" : "b";
+    ScopedEnv slurm("SLURMD_NODENAME", by_name ? name.c_str() : nullptr);
+    std::vector<float> flat_grads(n);
+    std::vector<float> hier_grads(n);
+    auto flat = comm::make_gradient_reducer(world, flat_grads,
+                                            options(Reduction::flat, 262144, 65536, 2));
+    auto hier = comm::make_gradient_reducer(world, hier_grads,
+                                            options(Reduction::hierarchical, 262144, 65536, 2));
+    EXPECT_NE(hier->reduction().find("bitwise equal to flat"), std::string::npos)
+        << hier->reduction();
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      streaming_step(*flat, flat_grads, in, 7);
+      streaming_step(*hier, hier_grads, in, 3);
+      EXPECT_TRUE(same_bits(hier_grads, flat_grads)) << hier->reduction();
+      EXPECT_TRUE(same_bits(hier_grads, ref)) << hier->reduction();
+    }
+    std::vector<float> one = in;
+    hier->allreduce_average(one);
+    EXPECT_TRUE(same_bits(one, ref)) << "one-shot, " << hier->reduction();
+    expect_same_on_all_ranks(world, hier_grads);
   }
 }
 
@@ -169,19 +203,20 @@ TEST(HierReducer, ChunksAreCutForTheChainsDepth) {
   auto hier = comm::make_gradient_reducer(world, hier_grads,
                                           options(Reduction::hierarchical, chunk, chunk, 2));
   const auto [chunks, kib] = said_in_flight(hier->reduction());
-  const int nodes = world.size();
-  EXPECT_GE(chunks, 2 * nodes - 1) << hier->reduction();
-  EXPECT_LE(static_cast<double>(chunks) * static_cast<double>(kib), 64.0 * 1024)
-      << "a leader's scratch over 64 MiB: " << hier->reduction();
-  if (2 * nodes - 1 > 4) {
-    EXPECT_LT(kib, 16L * 1024) << "chunks not cut: " << hier->reduction();
-  } else {
-    EXPECT_EQ(kib, 16L * 1024) << "chunks cut though they fit: " << hier->reduction();
+  const int hops = 2 * world.size() - 1;  // one rank a node
+  if (hops * 16 > 64) {  // 2 nodes - 1 chunks of 16 MiB would not fit 64 MiB: cut
+    EXPECT_EQ(chunks, hops) << hier->reduction();
+    EXPECT_LE(chunks * kib, 64.0 * 1024 + chunks * 0.05)  // KiB printed to 0.1
+        << "a leader's scratch over 64 MiB: " << hier->reduction();
+    EXPECT_LT(kib, 16.0 * 1024) << "chunks not cut: " << hier->reduction();
+  } else {  // they fit (or max_in_flight covers the chain): as configured
+    EXPECT_EQ(chunks, std::max(2, hops)) << hier->reduction();
+    EXPECT_EQ(kib, 16.0 * 1024) << "chunks cut though they fit: " << hier->reduction();
   }
   flat->allreduce_average(flat_grads);
   hier->allreduce_average(hier_grads);
   EXPECT_TRUE(same_bits(hier_grads, flat_grads));
-  if (nodes > 1) {
+  if (world.size() > 1) {
     EXPECT_FALSE(same_bits(hier_grads, in)) << "nothing was reduced";
   }
   expect_same_on_all_ranks(world, hier_grads);

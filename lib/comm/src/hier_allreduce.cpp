@@ -21,8 +21,9 @@ constexpr std::size_t tag_window = 32767 / codes;   // MPI guarantees tags up to
 
 // The result goes back along the chain (leader k passes it to k-1) for chunks of at least
 // this size, each link then carrying it once; smaller ones, whose cost is the messages' and not
-// the bytes', go from the last leader to every other leader in one hop.
-constexpr std::size_t chain_back_bytes = 64 * 1024;
+// the bytes', go from the last leader to every other leader in one hop. Half the smallest
+// piece: the reducer's balanced cuts of a 64 KiB chunk are never smaller.
+constexpr std::size_t chain_back_bytes = 32 * 1024;
 // Chunks in flight: a chunk travels 2 (nodes - 1) hops between leaders (its running sum on,
 // the result back), so 2 nodes - 1 of them keep every link busy both ways. A leader holds
 // (node size) chunks of scratch per chunk in flight; within max_scratch_bytes the chunks are
@@ -34,14 +35,15 @@ constexpr std::size_t min_piece_bytes = 64 * 1024;
 }  // namespace
 
 HierLayout hier_layout(const HierEngineConfig& c, int nodes, int max_node_size) {
+  HierLayout l{c.chunk_elems, c.max_in_flight};
+  const int want = std::min(2 * nodes - 1, max_slots);
+  if (want <= c.max_in_flight) return l;  // the configured depth covers the chain
   const std::size_t node = static_cast<std::size_t>(std::max(1, max_node_size));
-  const std::size_t want = static_cast<std::size_t>(std::max(1, 2 * nodes - 1));
-  const std::size_t fit = max_scratch_bytes / (node * want * sizeof(float));
-  HierLayout l;
+  const std::size_t fit = max_scratch_bytes / (node * static_cast<std::size_t>(want) * sizeof(float));
   l.chunk_elems = std::min(c.chunk_elems, std::max(fit, min_piece_bytes / sizeof(float)));
   const std::size_t by_memory = max_scratch_bytes / (node * l.chunk_elems * sizeof(float));
-  l.slots = std::max(c.max_in_flight, static_cast<int>(std::min<std::size_t>(
-                                          {want, static_cast<std::size_t>(max_slots), by_memory})));
+  l.slots = std::max(c.max_in_flight,
+                     static_cast<int>(std::min(static_cast<std::size_t>(want), by_memory)));
   return l;
 }
 

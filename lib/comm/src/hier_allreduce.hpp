@@ -15,8 +15,8 @@
 //
 // Cost of keeping the order: a chunk crosses 2 (nodes - 1) links one after the other (its
 // running sum out, the result back); chunks in flight overlap those hops: max_in_flight, or
-// 2 nodes - 1 where that is more (at most 64, and at most 64 MiB of a leader's scratch), so
-// that every link is busy both ways. A node's leader also receives every node peer's whole
+// where that is fewer, up to 2 nodes - 1 (at most 256) cut small enough (not under 64 KiB) to
+// fit 64 MiB of a leader's scratch, so that every link is busy both ways. A node's leader also receives every node peer's whole
 // chunk (a reduce to one rank, not a reduce-scatter): meant for a handful of ranks per node.
 #pragma once
 
@@ -36,10 +36,10 @@ struct HierEngineConfig {
   bool divide = true;            // divide the sum by the number of ranks (all nodes)
 };
 
-// The chunks the engine asks for and how many it keeps in flight: config's, or, where the
-// chain needs more in flight, 2 nodes - 1 of them (its hops both ways), cut smaller (not under
-// 64 KiB) so that a leader's scratch stays within 64 MiB; at most 256. The same on every rank
-// (it depends on the node count and the largest node only).
+// The chunks the engine asks for and how many it keeps in flight: config's where
+// max_in_flight covers the chain's 2 nodes - 1 hops; else up to 2 nodes - 1 of them (at most
+// 256), cut smaller (not under 64 KiB) so that a leader's scratch stays within 64 MiB. The same
+// on every rank (it depends on the node count and the largest node only).
 struct HierLayout {
   std::size_t chunk_elems = 0;
   int slots = 1;
@@ -65,8 +65,9 @@ class HierEngine final : public AllreduceEngine {
 
  private:
   // Leader: gather (node peers' chunks and the previous running sum) -> forward (to the next
-  // leader; not on the last node) -> final (from the last leader) -> broadcast (to the other
-  // leaders from the last, to the node peers). Other ranks: gather (their send) -> final.
+  // leader; not on the last node) -> final (from the next leader, or from the last one for
+  // small chunks) -> broadcast (to the previous leader, or from the last leader to all others
+  // for small chunks; to the node peers). Other ranks: gather (their send) -> final.
   enum class Phase { idle, gather, forward, final, broadcast };
   struct Slot {
     Phase phase = Phase::idle;

@@ -57,9 +57,9 @@ std::unique_ptr<AllreduceEngine> make_engine(const mpi::Comm& comm, const Reduce
                                                : "nodes are not consecutive ranks: summed node "
                                                  "by node, not bitwise equal to flat");
   auto engine = std::make_unique<HierEngine>(std::move(topo), hier_config(o));
-  note = fmt::format("hierarchical (train.reduction = {}: {}; {} chunks of {} KiB in flight)",
+  note = fmt::format("hierarchical (train.reduction = {}: {}; {} chunks of {:.1f} KiB in flight)",
                      automatic ? "auto" : "hierarchical", how, engine->slots(),
-                     engine->chunk_elems() * sizeof(float) / 1024);
+                     static_cast<double>(engine->chunk_elems() * sizeof(float)) / 1024.0);
   return engine;
 }
 
