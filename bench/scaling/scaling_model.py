@@ -40,39 +40,12 @@ def intra_node(n, per_node, o, b_intra, chunk):
     return 2 * (per_node - 1) * n / b_intra + 2 * math.ceil(n / chunk) * (per_node - 1) * o
 
 
-def hier_layout(nodes, per_node, chunk, in_flight):
-    """(chunk', slots): the chunks the hierarchical engine asks for and how many it keeps in
-    flight (lib/comm hier_allreduce, hier_layout): 2 nodes - 1 (its hops both ways) or
-    in_flight where more, cut smaller (not under 64 KiB) to fit 64 MiB of a leader's scratch
-    (node size x chunk each), at most 256."""
-    want = 2 * nodes - 1
-    fit = (64 * MiB) // (per_node * want)
-    piece = min(chunk, max(fit, 64 * 1024))
-    by_memory = (64 * MiB) // (per_node * piece)
-    return piece, max(in_flight, min(want, 256, by_memory))
-
-
 def allreduce_hier_built(n, nodes, per_node, o, b_net, b_intra, chunk, in_flight):
     """train.reduction = hierarchical as built: per chunk, the leaders form a chain in node
-    order (each continues the previous node's running sum: rank order kept), then the result
-    goes back along the chain (chunks of 64 KiB and more). Per chunk a leader's port sends two
-    chunks (the running sum on, the result back) and receives two; a chunk takes 2 (nodes-1)
-    hops one after the other, hier_layout()'s slots overlapping."""
-    t = intra_node(n, per_node, o, b_intra, chunk)
-    if nodes == 1:
-        return t
-    piece, slots = hier_layout(nodes, per_node, chunk, in_flight)
-    chunks = math.ceil(n / piece)
-    hop = o + piece / b_net
-    chain = 2 * (nodes - 1) * hop
-    port = 2 * piece / b_net
-    return t + chunks * max(chain / slots, port)
-
-
-def allreduce_hier_fanout(n, nodes, per_node, o, b_net, b_intra, chunk, in_flight):
-    """The hierarchical engine before 2026-11-28: the last leader sent the result to every
-    other leader (its port carried nodes-1 chunks out per chunk), in_flight chunks overlapping
-    the chain's hops."""
+    order (each continues the previous node's running sum: rank order kept), then the last
+    leader sends the result to every other leader. Per chunk the last leader's port carries
+    (nodes-1) chunks out; the chain takes nodes-1 hops one after the other, `in_flight` chunks
+    overlapping."""
     t = intra_node(n, per_node, o, b_intra, chunk)
     if nodes == 1:
         return t
@@ -84,10 +57,9 @@ def allreduce_hier_fanout(n, nodes, per_node, o, b_net, b_intra, chunk, in_fligh
 
 
 def allreduce_hier_pipelined(n, nodes, per_node, o, b_net, b_intra, chunk, piece):
-    """The remedy past a few tens of nodes (not built): the same ordered chain in small pieces,
-    as many in flight as the chain is long (what the built engine's 64 MiB of scratch allows
-    only for a few nodes at 1 MiB chunks), and the result sent back down a binomial tree. Every
-    link carries n bytes each way; the chain fills once: 2n/B + (nodes-1 + log2 nodes) hops."""
+    """The remedy (not built): the same ordered chain, pipelined in small pieces with as many
+    in flight as the chain is long, and the result sent back down a binomial tree. Every link
+    carries n bytes each way; the chain fills once: 2n/B + (nodes-1 + log2 nodes) hops."""
     t = intra_node(n, per_node, o, b_intra, chunk)
     if nodes == 1:
         return t
@@ -144,19 +116,16 @@ def main():
     print(f"# network {a.b_net_gbs:g} GB/s per node, {a.o_us:g} us per message; intra-node "
           f"{a.b_intra_gbs:g} GB/s; chunk {a.chunk_mib:g} MiB, {a.in_flight} in flight; "
           f"pipelined pieces 64 KiB")
-    chunk = int(a.chunk_mib * MiB)
-    print(f"{'nodes':>6} {'GPUs':>6} | {'flat':>8} | {'hier, fan-out':>13} | {'hier, built':>11} "
-          f"{'in flight':>13} | {'hier, pipelined':>15} | {'step (built)':>12} {'comm share':>10}")
+    chunk = a.chunk_mib * MiB
+    print(f"{'nodes':>6} {'GPUs':>6} | {'flat':>8} | {'hier, built':>11} | {'hier, pipelined':>15} | "
+          f"{'step (pipelined)':>16} {'comm share':>10}")
     for n_nodes in node_counts:
         flat = allreduce_flat(grads, n_nodes, R, o, b_net, chunk)
-        fanout = allreduce_hier_fanout(grads, n_nodes, R, o, b_net, b_intra, chunk, a.in_flight)
         built = allreduce_hier_built(grads, n_nodes, R, o, b_net, b_intra, chunk, a.in_flight)
-        piece, slots = hier_layout(n_nodes, R, chunk, a.in_flight)
         piped = allreduce_hier_pipelined(grads, n_nodes, R, o, b_net, b_intra, chunk, 64 * 1024)
-        step = t_compute + built
-        print(f"{n_nodes:>6} {n_nodes * R:>6} | {flat * 1e3:>5.1f} ms | {fanout * 1e3:>10.1f} ms | "
-              f"{built * 1e3:>8.1f} ms {slots:>4} x {piece // 1024:>4} KiB | {piped * 1e3:>12.1f} ms | "
-              f"{step * 1e3:>9.1f} ms {built / step:>10.0%}")
+        step = t_compute + piped
+        print(f"{n_nodes:>6} {n_nodes * R:>6} | {flat * 1e3:>5.1f} ms | {built * 1e3:>8.1f} ms | "
+              f"{piped * 1e3:>12.1f} ms | {step * 1e3:>13.1f} ms {piped / step:>10.0%}")
 
     # Workload 2: checkpoints of a model with S bytes of state (parameters + AdamW's two
     # moments, float32: 12 bytes a parameter), every rank writing its share of the rows.

@@ -37,8 +37,6 @@ class AllreduceEngine {
 
   virtual bool has_free_slot() const noexcept = 0;
   virtual int active() const noexcept = 0;
-  // The largest chunk launch() takes: the reducer cuts its buckets into chunks of this size.
-  virtual std::size_t chunk_elems() const noexcept = 0;
   // Starts reducing data[0, count) (count <= chunk_elems). seq numbers the chunk within its
   // step: every rank must launch the same chunks in the same order.
   virtual void launch(float* data, std::size_t count, std::size_t seq) = 0;
@@ -58,7 +56,6 @@ class ChunkEngine final : public AllreduceEngine {
     return active_ < static_cast<int>(slots_.size());
   }
   int active() const noexcept override { return active_; }
-  std::size_t chunk_elems() const noexcept override { return config_.chunk_elems; }
   void launch(float* data, std::size_t count, std::size_t seq) override;
   int progress() override;
 

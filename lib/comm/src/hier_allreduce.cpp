@@ -19,33 +19,7 @@ enum Code : int { contribution = 0, running_sum = 1, leader_final = 2, node_fina
 constexpr int codes = 4;
 constexpr std::size_t tag_window = 32767 / codes;   // MPI guarantees tags up to 32767
 
-// The result goes back along the chain (leader k passes it to k-1) for chunks of at least
-// this size, each link then carrying it once; smaller ones, whose cost is the messages' and not
-// the bytes', go from the last leader to every other leader in one hop. Half the smallest
-// piece: the reducer's balanced cuts of a 64 KiB chunk are never smaller.
-constexpr std::size_t chain_back_bytes = 32 * 1024;
-// Chunks in flight: a chunk travels 2 (nodes - 1) hops between leaders (its running sum on,
-// the result back), so 2 nodes - 1 of them keep every link busy both ways. A leader holds
-// (node size) chunks of scratch per chunk in flight; within max_scratch_bytes the chunks are
-// cut smaller (to min_piece_bytes at the least) so that more fit, at most max_slots.
-constexpr int max_slots = 256;
-constexpr std::size_t max_scratch_bytes = std::size_t{64} << 20;
-constexpr std::size_t min_piece_bytes = 64 * 1024;
-
 }  // namespace
-
-HierLayout hier_layout(const HierEngineConfig& c, int nodes, int max_node_size) {
-  HierLayout l{c.chunk_elems, c.max_in_flight};
-  const int want = std::min(2 * nodes - 1, max_slots);
-  if (want <= c.max_in_flight) return l;  // the configured depth covers the chain
-  const std::size_t node = static_cast<std::size_t>(std::max(1, max_node_size));
-  const std::size_t fit = max_scratch_bytes / (node * static_cast<std::size_t>(want) * sizeof(float));
-  l.chunk_elems = std::min(c.chunk_elems, std::max(fit, min_piece_bytes / sizeof(float)));
-  const std::size_t by_memory = max_scratch_bytes / (node * l.chunk_elems * sizeof(float));
-  l.slots = std::max(c.max_in_flight,
-                     static_cast<int>(std::min(static_cast<std::size_t>(want), by_memory)));
-  return l;
-}
 
 HierEngine::HierEngine(Topology topology, const HierEngineConfig& config)
     : topo_(std::move(topology)), config_(config) {
@@ -56,14 +30,11 @@ HierEngine::HierEngine(Topology topology, const HierEngineConfig& config)
   node_index_ = topo_.node_index();
   nodes_ = topo_.nodes();
   total_ = std::accumulate(topo_.node_sizes().begin(), topo_.node_sizes().end(), 0);
-  // The same on every rank: the largest node, not this one, sizes the chunks.
-  layout_ = hier_layout(config_, nodes_,
-                        *std::max_element(topo_.node_sizes().begin(), topo_.node_sizes().end()));
   // A leader holds its node peers' chunks and the previous leader's running sum.
   const std::size_t per_slot =
-      topo_.is_leader() ? static_cast<std::size_t>(node_size_) * layout_.chunk_elems : 0;
-  scratch_.assign(static_cast<std::size_t>(layout_.slots) * per_slot, 0.0f);
-  slots_.resize(static_cast<std::size_t>(layout_.slots));
+      topo_.is_leader() ? static_cast<std::size_t>(node_size_) * config_.chunk_elems : 0;
+  scratch_.assign(static_cast<std::size_t>(config_.max_in_flight) * per_slot, 0.0f);
+  slots_.resize(static_cast<std::size_t>(config_.max_in_flight));
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].scratch = scratch_.data() + i * per_slot;
     slots_[i].requests.assign(static_cast<std::size_t>(node_size_ + nodes_), MPI_REQUEST_NULL);
@@ -93,14 +64,13 @@ MPI_Request* HierEngine::next_request(Slot& s) {
 
 void HierEngine::launch(float* data, std::size_t count, std::size_t seq) {
   LOCUS_ASSERT(has_free_slot(), "HierEngine::launch without a free slot");
-  LOCUS_ASSERT(count >= 1 && count <= layout_.chunk_elems, "chunk longer than chunk_elems");
+  LOCUS_ASSERT(count >= 1 && count <= config_.chunk_elems, "chunk longer than chunk_elems");
   auto it = std::find_if(slots_.begin(), slots_.end(),
                          [](const Slot& s) { return s.phase == Phase::idle; });
   Slot& s = *it;
   s.data = data;
   s.count = count;
   s.tag = static_cast<int>(seq % tag_window) * codes;
-  s.chain_back = count * sizeof(float) >= chain_back_bytes;
   ++active_;
   post_gather(s);
 }
@@ -117,12 +87,12 @@ void HierEngine::post_gather(Slot& s) {
     return;
   }
   for (int j = 1; j < node_size_; ++j) {
-    float* into = s.scratch + static_cast<std::size_t>(j - 1) * layout_.chunk_elems;
+    float* into = s.scratch + static_cast<std::size_t>(j - 1) * config_.chunk_elems;
     LOCUS_MPI_CHECK(MPI_Irecv(into, n, MPI_FLOAT, j, s.tag + contribution, topo_.node().get(),
                               next_request(s)));
   }
   if (node_index_ > 0) {
-    float* into = s.scratch + static_cast<std::size_t>(node_size_ - 1) * layout_.chunk_elems;
+    float* into = s.scratch + static_cast<std::size_t>(node_size_ - 1) * config_.chunk_elems;
     LOCUS_MPI_CHECK(MPI_Irecv(into, n, MPI_FLOAT, node_index_ - 1, s.tag + running_sum,
                               topo_.leaders().get(), next_request(s)));
   }
@@ -134,32 +104,26 @@ void HierEngine::reduce_node(Slot& s) {
   int n = 0;
   if (node_index_ > 0) {
     sources_[static_cast<std::size_t>(n++)] =
-        s.scratch + static_cast<std::size_t>(node_size_ - 1) * layout_.chunk_elems;
+        s.scratch + static_cast<std::size_t>(node_size_ - 1) * config_.chunk_elems;
   }
   sources_[static_cast<std::size_t>(n++)] = s.data;
   for (int j = 1; j < node_size_; ++j) {
     sources_[static_cast<std::size_t>(n++)] =
-        s.scratch + static_cast<std::size_t>(j - 1) * layout_.chunk_elems;
+        s.scratch + static_cast<std::size_t>(j - 1) * config_.chunk_elems;
   }
   const bool last = node_index_ == nodes_ - 1;
   const float divisor = last && config_.divide ? static_cast<float>(total_) : 1.0f;
   reduce_in_rank_order(s.data, sources_.data(), n, s.count, divisor);
 }
 
-// The final result goes on to the other leaders -- back along the chain, each leader passing
-// it to the one before (chain_back), or from the last leader to all in one hop -- and from
-// every leader to its node peers.
+// The final result leaves the last leader for the other leaders, and every leader's copy for
+// its node peers.
 void HierEngine::post_broadcast(Slot& s) {
   s.phase = Phase::broadcast;
   s.posted = 0;
   s.receives = 0;
   const int n = static_cast<int>(s.count);
-  if (s.chain_back) {
-    if (node_index_ > 0) {
-      LOCUS_MPI_CHECK(MPI_Isend(s.data, n, MPI_FLOAT, node_index_ - 1, s.tag + leader_final,
-                                topo_.leaders().get(), next_request(s)));
-    }
-  } else if (node_index_ == nodes_ - 1) {
+  if (node_index_ == nodes_ - 1) {
     for (int k = 0; k < nodes_ - 1; ++k) {
       LOCUS_MPI_CHECK(MPI_Isend(s.data, n, MPI_FLOAT, k, s.tag + leader_final,
                                 topo_.leaders().get(), next_request(s)));
@@ -177,8 +141,7 @@ void HierEngine::post_final(Slot& s) {
   s.posted = 0;
   const int n = static_cast<int>(s.count);
   if (topo_.is_leader()) {
-    const int from = s.chain_back ? node_index_ + 1 : nodes_ - 1;
-    LOCUS_MPI_CHECK(MPI_Irecv(s.data, n, MPI_FLOAT, from, s.tag + leader_final,
+    LOCUS_MPI_CHECK(MPI_Irecv(s.data, n, MPI_FLOAT, nodes_ - 1, s.tag + leader_final,
                               topo_.leaders().get(), next_request(s)));
   } else {
     LOCUS_MPI_CHECK(MPI_Irecv(s.data, n, MPI_FLOAT, 0, s.tag + node_final, topo_.node().get(),

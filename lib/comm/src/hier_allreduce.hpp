@@ -1,10 +1,8 @@
 // Private to lib/comm: the hierarchical chunked all-reduce engine (train.reduction =
 // hierarchical). Per chunk: the ranks of a node send their chunk to the node leader; the
 // leaders form a chain in node order, each continuing the running sum of the node before it;
-// the last leader divides and the result goes back along the chain (leader k passes it to
-// k - 1; chunks under 64 KiB go from the last leader to every leader at once), and every
-// leader sends it to the ranks of its node. Only leaders exchange data across nodes, and each
-// link between consecutive leaders carries a chunk once each way.
+// the last leader divides, sends the result to the other leaders, and every leader sends it to
+// the ranks of its node. Only leaders exchange data across nodes, one chunk each way.
 //
 // Summation order: leader k computes (((R_{k-1} + x_a) + x_{a+1}) + ...) over its node's ranks
 // in rank order, R_{k-1} being the previous node's running sum. Where every node's ranks are
@@ -13,11 +11,10 @@
 // they are not (e.g. a cyclic distribution), the order is node by node, then rank within the
 // node: deterministic and the same on every rank, but not bitwise the flat result.
 //
-// Cost of keeping the order: a chunk crosses 2 (nodes - 1) links one after the other (its
-// running sum out, the result back); chunks in flight overlap those hops: max_in_flight, or
-// where that is fewer, up to 2 nodes - 1 (at most 256) cut small enough (not under 64 KiB) to
-// fit 64 MiB of a leader's scratch, so that every link is busy both ways. A node's leader also receives every node peer's whole
-// chunk (a reduce to one rank, not a reduce-scatter): meant for a handful of ranks per node.
+// Cost of keeping the order: the leaders' stage is a chain, so one chunk crosses nodes-1 links
+// one after the other before the result is broadcast; chunks in flight (max_in_flight) overlap
+// those hops. A node's leader also receives every node peer's whole chunk (a reduce to one
+// rank, not a reduce-scatter): meant for a handful of ranks per node.
 #pragma once
 
 #include <mpi.h>
@@ -31,20 +28,10 @@
 namespace locus::comm::detail {
 
 struct HierEngineConfig {
-  std::size_t chunk_elems = 0;   // largest chunk the reducer would launch
+  std::size_t chunk_elems = 0;   // largest chunk ever launched
   int max_in_flight = 1;
   bool divide = true;            // divide the sum by the number of ranks (all nodes)
 };
-
-// The chunks the engine asks for and how many it keeps in flight: config's where
-// max_in_flight covers the chain's 2 nodes - 1 hops; else up to 2 nodes - 1 of them (at most
-// 256), cut smaller (not under 64 KiB) so that a leader's scratch stays within 64 MiB. The same
-// on every rank (it depends on the node count and the largest node only).
-struct HierLayout {
-  std::size_t chunk_elems = 0;
-  int slots = 1;
-};
-HierLayout hier_layout(const HierEngineConfig& config, int nodes, int max_node_size);
 
 class HierEngine final : public AllreduceEngine {
  public:
@@ -58,23 +45,19 @@ class HierEngine final : public AllreduceEngine {
     return active_ < static_cast<int>(slots_.size());
   }
   int active() const noexcept override { return active_; }
-  std::size_t chunk_elems() const noexcept override { return layout_.chunk_elems; }
-  int slots() const noexcept { return layout_.slots; }
   void launch(float* data, std::size_t count, std::size_t seq) override;
   int progress() override;
 
  private:
   // Leader: gather (node peers' chunks and the previous running sum) -> forward (to the next
-  // leader; not on the last node) -> final (from the next leader, or from the last one for
-  // small chunks) -> broadcast (to the previous leader, or from the last leader to all others
-  // for small chunks; to the node peers). Other ranks: gather (their send) -> final.
+  // leader; not on the last node) -> final (from the last leader) -> broadcast (to the other
+  // leaders from the last, to the node peers). Other ranks: gather (their send) -> final.
   enum class Phase { idle, gather, forward, final, broadcast };
   struct Slot {
     Phase phase = Phase::idle;
     float* data = nullptr;
     std::size_t count = 0;
     int tag = 0;
-    bool chain_back = false;             // the result goes back along the chain
     float* scratch = nullptr;            // leader: node peers' chunks, then the running sum
     std::vector<MPI_Request> requests;
     int posted = 0;
@@ -90,7 +73,6 @@ class HierEngine final : public AllreduceEngine {
 
   Topology topo_;
   HierEngineConfig config_;
-  HierLayout layout_;
   int node_size_ = 1;
   int node_rank_ = 0;
   int node_index_ = 0;

@@ -3,7 +3,6 @@
 #include "mpi_reducer.hpp"
 
 #include <algorithm>
-#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -52,15 +51,12 @@ std::unique_ptr<AllreduceEngine> make_engine(const mpi::Comm& comm, const Reduce
   // The chain keeps rank order exactly when node indices never decrease along the ranks.
   const auto& of = topo.node_of_rank();
   const bool in_order = std::is_sorted(of.begin(), of.end());
-  const std::string how = fmt::format("{}; {}", topo.describe(),
-                                      in_order ? "summed in rank order: bitwise equal to flat"
-                                               : "nodes are not consecutive ranks: summed node "
-                                                 "by node, not bitwise equal to flat");
-  auto engine = std::make_unique<HierEngine>(std::move(topo), hier_config(o));
-  note = fmt::format("hierarchical (train.reduction = {}: {}; {} chunks of {:.1f} KiB in flight)",
-                     automatic ? "auto" : "hierarchical", how, engine->slots(),
-                     static_cast<double>(engine->chunk_elems() * sizeof(float)) / 1024.0);
-  return engine;
+  note = fmt::format("hierarchical (train.reduction = {}: {}; {})",
+                     automatic ? "auto" : "hierarchical", topo.describe(),
+                     in_order ? "summed in rank order: bitwise equal to flat"
+                              : "nodes are not consecutive ranks: summed node by node, not "
+                                "bitwise equal to flat");
+  return std::make_unique<HierEngine>(std::move(topo), hier_config(o));
 }
 
 double seconds(std::chrono::steady_clock::duration d) {
@@ -73,7 +69,7 @@ MpiReducer::MpiReducer(mpi::Comm comm, std::span<float> grads, const ReducerOpti
     : comm_(std::move(comm)),
       grads_(grads),
       engine_(make_engine(comm_, options, reduction_)),
-      chunk_elems_(engine_->chunk_elems()) {
+      chunk_elems_(options.chunk_bytes / sizeof(float)) {
   build_layout(std::max<std::size_t>(1, options.bucket_bytes / sizeof(float)), chunk_elems_);
 }
 

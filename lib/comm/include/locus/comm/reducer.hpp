@@ -88,10 +88,7 @@ struct ReducerOptions {
   // whole chunk) instead of reduce-scatter + allgather, and messages at most this large travel
   // as eager-sized fragments instead of one rendezvous: fewer latency rounds for small data.
   std::size_t small_bytes = std::size_t{32} << 10;
-  // Chunks in flight at once. Scratch memory is about max_in_flight * chunk_bytes (the
-  // hierarchical engine: times the node size, on a node's leader). Where this is fewer than
-  // the 2 * nodes - 1 hops of its chain, the hierarchical engine keeps up to that many in
-  // flight (at most 256), cut smaller (not under 64 KiB) to fit 64 MiB of a leader's scratch.
+  // Chunks in flight at once. Scratch memory is about max_in_flight * chunk_bytes.
   int max_in_flight = 4;
   // NCCL: how long the host waits for a collective (polling NCCL's asynchronous error state)
   // before it aborts the communicator and throws an NcclError; 0: forever. Time a process
@@ -170,8 +167,7 @@ class GradientReducer {
   virtual std::string_view name() const noexcept = 0;
   virtual int comm_size() const noexcept = 0;
   // Which reduction runs and why, e.g. "hierarchical (train.reduction = auto: 4 ranks on 2
-  // nodes (2+2; ...); summed in rank order: bitwise equal to flat; 4 chunks of 1024.0 KiB in
-  // flight)"; NCCL: its own.
+  // nodes (2+2; ...); summed in rank order: bitwise equal to flat)"; NCCL: its own.
   virtual std::string reduction() const = 0;
 };
 
