@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -59,11 +60,12 @@ std::vector<std::string> gather_lines(const mpi::Comm& comm, const std::string& 
 // of a requeued job) trains, for the run report.
 std::string run_line(const train::Trainer& t, const train::ResumeResult& resumed,
                      const train::telemetry::Telemetry& telemetry, const std::string& config,
-                     const std::string& run_id) {
+                     const std::string& run_id, double lock_wait_s) {
   io::Json j;
   j["type"] = "run";
   j["step"] = resumed.resumed ? resumed.meta.step : 0;
   j["time"] = train::unix_seconds();
+  j["lock_wait_s"] = std::round(lock_wait_s * 100.0) / 100.0;
   if (resumed.resumed) j["resumed_from"] = resumed.path;
   if (!run_id.empty()) j["run_id"] = run_id;
   j["world_size"] = t.grid().world().size();
@@ -188,16 +190,31 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
       }
     }
   });
+  // How long taking the locks took (the metrics file's run line): mostly the wait for an
+  // earlier instance of this Slurm job that still held them, milliseconds otherwise.
+  using Clock = std::chrono::steady_clock;
+  Clock::duration locking{};
+  const auto timed = [&locking](auto&& take) {
+    const auto began = Clock::now();
+    take();
+    locking += Clock::now() - began;
+  };
   std::optional<io::OutputLock> model_lock, metrics_lock;
   const auto lock = [&](const std::string& path, const char* key) {
     return io::OutputLock::acquire(grid.world(), path, key, say);
   };
-  if (!settings.output.empty()) model_lock.emplace(lock(settings.output, "train.output"));
-  if (!settings.metrics.empty()) metrics_lock.emplace(lock(settings.metrics, "train.metrics"));
+  timed([&] {
+    if (!settings.output.empty()) model_lock.emplace(lock(settings.output, "train.output"));
+    if (!settings.metrics.empty()) metrics_lock.emplace(lock(settings.metrics, "train.metrics"));
+  });
   std::optional<train::Trainer> trainer(std::in_place, grid, opts);
-  std::optional<train::Checkpointer> checkpointer(
-      std::in_place, *trainer, ckpt, config.effective_ini(),
-      world.is_root() ? train::Checkpointer::Log(say) : train::Checkpointer::Log());
+  // The checkpoint directory's lock is taken here, with the dataset's identity (attributes).
+  std::optional<train::Checkpointer> checkpointer;
+  timed([&] {
+    checkpointer.emplace(*trainer, ckpt, config.effective_ini(),
+                         world.is_root() ? train::Checkpointer::Log(say)
+                                         : train::Checkpointer::Log());
+  });
   const train::ResumeResult resumed = checkpointer->resume(settings.ckpt_resume);
   // Collective: the ranks' host names; a Prometheus file that cannot be written is exit 5 here,
   // before the metrics file is touched.
@@ -209,7 +226,8 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
                               resumed.resumed ? resumed.meta.step : -1);
   telemetry.attach(&metrics);
   metrics.write_record(run_line(*trainer, resumed, telemetry, config.effective_ini(),
-                                checkpointer->run_id()));
+                                checkpointer->run_id(),
+                                std::chrono::duration<double>(locking).count()));
   app::Progress progress(world.is_root(), opts.epochs);
   train::ObserverList observers;
   observers.add(&metrics);

@@ -6,9 +6,11 @@ requeued Slurm job (the same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) waits f
 predecessor instead of failing;
 locus-ckpt's read-only commands ignore the lock. A job writing the running one's model or
 metrics file is refused alike (the output lock, io::OutputLock)."""
+import json
 import os
 import signal
 import subprocess
+import time
 
 from apphelpers import check, expect_exit, main
 from test_resume_app import BASE, EXIT_CONFIG, EXIT_REQUEUE, launch_command, latest, prepare
@@ -108,7 +110,7 @@ def test_requeued_job_waits_for_its_predecessor(r, tmp):
     prepare(r, tmp)
     holder = start_holder(r, tmp, "3001")
     cmd, env = launch_command(r, "locus-train", *BASE, "--checkpoint.dir=ck", "--resume=auto",
-                              "--train.metrics=", "--train.output=requeued.h5",
+                              "--train.metrics=requeued.jsonl", "--train.output=requeued.h5",
                               env={"SLURM_JOB_ID": "3001", "SLURM_RESTART_COUNT": "1"})
     requeued = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -122,6 +124,7 @@ def test_requeued_job_waits_for_its_predecessor(r, tmp):
 
         wait_for(announced, requeued, 120, "the requeued job to wait")
         check(holder.poll() is None, "the holder stopped")
+        time.sleep(1.0)  # so the wait lasts at least 1 s, which the metrics' run line must say
         stop(holder)  # the predecessor goes away: the requeued job takes over
         out, err = requeued.communicate(timeout=300)
     finally:
@@ -130,6 +133,10 @@ def test_requeued_job_waits_for_its_predecessor(r, tmp):
             requeued.kill()
     p = subprocess.CompletedProcess(cmd, requeued.returncode, "".join(waiting) + out, err)
     expect_exit(p, 0, "resumed from ck/ckpt-")
+    with open(os.path.join(tmp, "requeued.jsonl")) as f:
+        run = json.loads(f.readline())
+    check(run["type"] == "run" and run["lock_wait_s"] >= 1.0,
+          f"the run line does not say the run waited 1 s or more for its locks: {run}")
 
 
 def test_a_job_writing_the_running_ones_model_or_metrics_is_refused(r, tmp):

@@ -216,6 +216,8 @@ def test_report_of_a_requeued_run(r, tmp):
     runs = [l for l in metrics_lines(os.path.join(tmp, "rq.jsonl")) if l["type"] == "run"]
     check([l["step"] for l in runs] == [0, stop], f"run lines at steps {[l['step'] for l in runs]}")
     check(runs[1]["resumed_from"] == f"ck/ckpt-{stop:08d}.h5", f"resumed_from {runs[1]}")
+    # Nobody held the locks: taking them took milliseconds.
+    check(all(0 <= l["lock_wait_s"] < 60 for l in runs), f"lock_wait_s of the runs: {runs}")
     q = report(r, "rq.jsonl", "--log", "rq.log", "--checkpoints", "ck", cwd=tmp)
     expect_exit(q, 0)
     dom, images = browse(os.path.join(tmp, "rq.report.html"), tmp)
@@ -246,6 +248,7 @@ def hand_made(path, ranks=4):
             t += 1200  # down: the job was requeued
             put(type="run", step=100, time=t, world_size=ranks, host="n0",
                 hosts=["n0", "n0", "n1", "n1"], resumed_from="ck/ckpt-00000100.h5",
+                lock_wait_s=95.25,
                 tool_version="0.1.0", git_revision="abc123", config="[train]\nepochs = 2\n")
         t += 2.0
         put(type="step", step=step, epoch=step // 120, step_in_epoch=step % 120, steps=10,
@@ -299,6 +302,8 @@ def test_report_hand_made(r, tmp):
     check(span(dom, "restarts")[1] == "1", "the requeue is not counted as one restart")
     check("resumed at step" in dom and re.search(r"<td>100</td><td>[^<]*</td><td>20\.0</td>", dom),
           "the restarts table does not show the resume at step 100 after 20.0 minutes down")
+    check(re.search(r"<td>20\.0</td><td>95\.2</td>", dom) and "taking the locks (s)" in dom,
+          "the restarts table does not show the 95.25 s the resumed run took to take its locks")
     check("1 restarts" in alt_of(dom, "timeline"), alt_of(dom, "timeline"))
     check("stragglers: rank 2" in alt_of(dom, "ranks"), alt_of(dom, "ranks"))
     check(span(dom, "events")[1] == "3", "the page does not count the 3 events")

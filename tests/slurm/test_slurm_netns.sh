@@ -194,6 +194,14 @@ done
 grep -q "^\[rank 0/4 ${cut_node[B]}\] watchdog: no progress for $b_watchdog s in " B.log ||
   slurm_fail "B.log: no watchdog line of the stranded rank 0 on ${cut_node[B]}: $(grep -v '^{' B.log | tail -n 20)"
 slurm_log "job B: its rerun took the lock once the stranded predecessor's watchdog ended it, $((SECONDS - cut[B])) s after its cut at most"
+# The rerun's run line in the metrics says how long it waited (at least one 0.2 s retry, as it
+# said it waited), for a person reading the job's report.
+b_wait=$(grep '^{"type":"run"' B.jsonl | tail -n 1 |
+  /usr/bin/python3 -c 'import json, sys; print(json.loads(sys.stdin.read())["lock_wait_s"])') ||
+  slurm_fail "B.jsonl: no lock_wait_s in the rerun's run line: $(grep '^{"type":"run"' B.jsonl | tail -n 1)"
+awk -v w="$b_wait" 'BEGIN { exit !(w >= 0.2) }' ||
+  slurm_fail "B.jsonl: the rerun's run line says lock_wait_s $b_wait, but it waited for its predecessor"
+slurm_log "job B: the rerun's run line: lock_wait_s $b_wait"
 locus_reference_wait
 
 # The network back (only now: a stranded instance ends as soon as it can talk again, its peers
@@ -227,4 +235,4 @@ for name in A B; do
   locus_same_tensors "$name.h5" model-ref.h5 || slurm_fail "job $name: $name.h5 differs from the uninterrupted run's"
   slurm_log "job $name: cut at step ${at[$name]}, resumed from step $from, model identical; ${cut_node[$name]} back in service ${rejoin_s[$name]} s after its link"
 done
-echo "PASS: 2-host jobs under mpirun and srun; a node lost mid-training (A: ranks 2,3's, B: the batch node): DOWN in ${down_s[A]}/${down_s[B]} s, rerun in ${rerun_s[A]}/${rerun_s[B]} s (B waiting for its stranded predecessor's watchdog), models bit for bit; nodes back in ${rejoin_s[A]}/${rejoin_s[B]} s"
+echo "PASS: 2-host jobs under mpirun and srun; a node lost mid-training (A: ranks 2,3's, B: the batch node): DOWN in ${down_s[A]}/${down_s[B]} s, rerun in ${rerun_s[A]}/${rerun_s[B]} s (B waiting ${b_wait} s for its stranded predecessor's watchdog), models bit for bit; nodes back in ${rejoin_s[A]}/${rejoin_s[B]} s"
