@@ -39,8 +39,10 @@ submit_train() { # submit_train NAME SBATCH_ARGS...: a training job writing NAME
     "${train_args[@]}" "--train.output=model-$name.h5" "--train.metrics=metrics-$name.jsonl" \
     "--checkpoint.dir=ckpt-$name"
 }
-m=$(submit_train m -p low)
-s=$(LOCUS_LAUNCHER=srun submit_train s -p debug)
+# Every step of both jobs waits 5 ms (in every run): the 1164 steps after step 100 then take
+# at least 5.8 s however fast the machine, the window for the preemption and the signal.
+m=$(LOCUS_TEST_HOOK=train-step:delay5 submit_train m -p low)
+s=$(LOCUS_TEST_HOOK=train-step:delay5 LOCUS_LAUNCHER=srun submit_train s -p debug)
 after=$(slurm_submit --dependency=afterok:"$m" -o after.log --wrap 'echo "after started"')
 
 # Step lines (one a step) job NAME's first run has written so far.
