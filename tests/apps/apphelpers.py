@@ -1,6 +1,5 @@
 """Shared helpers for end-to-end app tests: run an app under mpiexec, compare HDF5 files."""
 import contextlib
-import glob
 import os
 import signal
 import subprocess
@@ -100,18 +99,31 @@ def hold_lock_file(path):
     return p
 
 
-def child_pids(pid):
-    """The processes whose parent is `pid` (under plain mpirun: its ranks)."""
-    out = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+def rank_pids(launcher):
+    """World rank -> pid of the launcher's descendants that are MPI ranks."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
             continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.split("/")[2]))
-    return out
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    found, todo = {}, [launcher]
+    while todo:
+        pid = todo.pop()
+        for c in children.get(pid, []):
+            todo.append(c)
+            try:
+                with open(f"/proc/{c}/environ", "rb") as f:
+                    for kv in f.read().split(b"\0"):
+                        if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                            found[int(kv.split(b"=", 1)[1])] = c
+            except OSError:
+                pass
+    return found
 
 
 @contextlib.contextmanager
@@ -119,7 +131,7 @@ def suspended(proc, ranks):
     """mpirun `proc` and its `ranks` ranks SIGSTOPped (as Slurm suspends a job) for the body,
     then SIGCONTed: a window in which the job is known to be mid-run however fast or slow the
     machine is. A stopped process keeps its locks; the watchdog does not count stopped time."""
-    pids = [proc.pid] + child_pids(proc.pid)
+    pids = [proc.pid] + list(rank_pids(proc.pid).values())
     check(len(pids) == ranks + 1, f"found {len(pids) - 1} ranks under mpirun, not {ranks}")
     check(proc.poll() is None, f"the job ended (rc {proc.returncode}) before it was suspended")
     for pid in pids:

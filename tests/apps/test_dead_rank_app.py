@@ -11,14 +11,13 @@ watchdog is not fooled by a suspension: every process of the job SIGSTOPped for 
 watchdog periods, then SIGCONTed, completes normally."""
 import glob
 import os
-import signal
 import subprocess
 import time
 
 import h5py
 import numpy as np
 
-from apphelpers import check, child_pids, expect_exit, main
+from apphelpers import check, expect_exit, main, suspended
 
 EXIT_INTERNAL = 70
 # A healthy run of these tiny jobs takes 2-5 s on the 2-core CI machine; a hung one would run
@@ -190,15 +189,10 @@ def test_watchdog_sleeps_through_a_suspension(r, tmp):
             check(proc.poll() is None and time.monotonic() < deadline,
                   "the run ended or stalled before its first metrics line")
             time.sleep(0.02)
-        ranks = child_pids(proc.pid)
-        check(len(ranks) == r.ranks, f"found {len(ranks)} ranks under mpirun, not {r.ranks}")
-        for pid in [proc.pid] + ranks:
-            os.kill(pid, signal.SIGSTOP)
-        with open(metrics) as f:
-            lines_at_stop = f.read().count("\n")
-        time.sleep(6)
-        for pid in [proc.pid] + ranks:
-            os.kill(pid, signal.SIGCONT)
+        with suspended(proc, r.ranks):
+            with open(metrics) as f:
+                lines_at_stop = f.read().count("\n")
+            time.sleep(6)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

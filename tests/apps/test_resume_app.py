@@ -17,7 +17,7 @@ import time
 import h5py
 import numpy as np
 
-from apphelpers import check, expect_exit, main
+from apphelpers import check, expect_exit, main, rank_pids
 from test_train_app import CONFIG
 from test_train_app import prepare as ingest_tiny
 
@@ -45,33 +45,6 @@ def launch_command(r, app, *args, env=None):
                      "OPENBLAS_NUM_THREADS": "1"})
     full_env.update(env or {})
     return cmd, full_env
-
-
-def rank_pids(launcher):
-    """World rank -> pid of the launcher's descendants that are MPI ranks."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(d))
-        except (OSError, ValueError, IndexError):
-            pass
-    found, todo = {}, [launcher]
-    while todo:
-        pid = todo.pop()
-        for c in children.get(pid, []):
-            todo.append(c)
-            try:
-                with open(f"/proc/{c}/environ", "rb") as f:
-                    for kv in f.read().split(b"\0"):
-                        if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
-                            found[int(kv.split(b"=", 1)[1])] = c
-            except OSError:
-                pass
-    return found
 
 
 def step_lines(path):

@@ -9,7 +9,8 @@
 #   locus_json FILE EXPR             a Python expression over the JSON document `r` in FILE
 #   locus_job_log JOB                path of a pipeline job's log (LOCUS_LOG_DIR/NAME-JOB.out)
 #   locus_last_step METRICS          the last step of a metrics file's step lines, 0 before the first
-#   locus_same_tensors FILE REF      every dataset of two HDF5 files (models) equal bit for bit
+#   locus_same_tensors FILE REF      every dataset of two HDF5 files (models, datasets, predictions)
+#                                    equal bit for bit
 #   locus_trainer_setup APPS_DIR     the real-trainer tests' common start: LOCUS_BIN, 2-rank
 #                                    mpirun arguments that do not busy-poll, the apps checked
 #   locus_submit_fm_test_ingest      submit slurm/ingest.sbatch of Fashion-MNIST's test set into
@@ -19,6 +20,11 @@
 #                                    beside the cluster's jobs; the EXIT trap ends it before the
 #                                    cluster's teardown
 #   locus_reference_wait             wait for it; fail the test if it failed
+# Nodes with a network of their own (slurm-cluster.sh --netns):
+#   locus_job_ranks JOB APP          "RANK HOST" for every live APP process of Slurm job JOB
+#   locus_ranks_on_two_nodes JOB APP JOB's 4 ranks run 2+2 on two hosts (written to placement-JOB)
+#   locus_node_state NODE            Slurm's state of NODE; locus_node_is_down / _is_up NODE
+#   locus_cut_off NET NODE           NODE loses its link for good; its processes get nice 19
 
 # shellcheck disable=SC2034 # used by the tests that source this file
 LOCUS_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -143,4 +149,48 @@ locus_reference_wait() {
   wait "$LOCUS_REF_PID" || rc=$?
   LOCUS_REF_PID=""
   [ $rc = 0 ] || slurm_fail "the reference training failed (exit $rc): $(cat ref.log)"
+}
+
+# "RANK HOST" for every live process named $2 of Slurm job $1: its world rank and the host name
+# of its UTS namespace.
+locus_job_ranks() {
+  local p env
+  for p in $(pgrep -x "$2" || true); do
+    env=$({ tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null) || continue
+    grep -qx "SLURM_JOB_ID=$1" <<<"$env" || continue
+    echo "$(sed -n 's/^OMPI_COMM_WORLD_RANK=//p' <<<"$env") $(nsenter --uts --target "$p" hostname 2>/dev/null || echo -)"
+  done | sort -n
+}
+
+# Succeeds when job $1 has its 4 ranks of app $2 running, 0,1 on one host and 2,3 on another;
+# writes the two hosts to the file placement-$1.
+locus_ranks_on_two_nodes() {
+  local r
+  r=$(locus_job_ranks "$1" "$2")
+  [ "$(echo "$r" | grep -c .)" = 4 ] || return 1
+  echo "$r" | awk '
+    { rank[NR-1] = $1; host[NR-1] = $2 }
+    END {
+      for (i = 0; i < 4; i++) if (rank[i] != i || host[i] !~ /^node[1-9][0-9]*$/) exit 1
+      if (host[0] != host[1] || host[2] != host[3] || host[0] == host[2]) exit 1
+      print host[0], host[2]
+    }' >"placement-$1" || { echo "job $1: ranks not 2+2 on two hosts: $(echo "$r" | tr '\n' ';')" >&2; return 1; }
+}
+
+locus_node_state() { sinfo -h -n "$1" -o %T | head -n 1; }
+locus_node_is_down() { case "$(locus_node_state "$1")" in down*) return 0 ;; esac; return 1; }
+locus_node_is_up() { case "$(locus_node_state "$1")" in idle | allocated | mixed) return 0 ;; esac; return 1; }
+
+# Node $2 (nodeK) of the emulated nodes in $1 (slurm-cluster.sh's DIR/net) loses its link for
+# good; its processes keep running, cut off. The emulated nodes share this machine's 2 cores,
+# where a lost node's would be its own: its stranded ranks poll at 100% of a core each until
+# their watchdog ends them (measured), so they get nice 19 and leave the cores to the nodes
+# that are up.
+locus_cut_off() {
+  local id p
+  bash "$LOCUS_REPO/scripts/netns-nodes.sh" link "$1" "${2#node}" down
+  id=$(sed -n 's/^id=//p' "$1/nodes.env")
+  for p in $(ip netns pids "locus-$id-n${2#node}"); do
+    renice -n 19 -p "$p" >/dev/null 2>&1 || true
+  done
 }

@@ -91,34 +91,11 @@ job[B]=$(submit B $b_watchdog)
 # The uninterrupted reference (4 ranks, two a node as in the jobs, no Slurm), meanwhile.
 LOCUS_REFERENCE_RANKS=4 LOCUS_TEST_RANKS_PER_NODE=2 locus_reference_start "${train_args[@]}"
 
-# "RANK HOST" for every live locus-train rank of job $1 (the host name of its UTS namespace).
-train_ranks() {
-  local p env
-  for p in $(pgrep -x locus-train || true); do
-    env=$({ tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null) || continue
-    grep -qx "SLURM_JOB_ID=$1" <<<"$env" || continue
-    echo "$(sed -n 's/^OMPI_COMM_WORLD_RANK=//p' <<<"$env") $(nsenter --uts --target "$p" hostname 2>/dev/null || echo -)"
-  done | sort -n
-}
-# Succeeds when job $1 has its 4 ranks running, 0,1 on one host and 2,3 on another; writes the
-# two hosts to the file placement-$1.
-ranks_on_two_nodes() {
-  local r
-  r=$(train_ranks "$1")
-  [ "$(echo "$r" | grep -c .)" = 4 ] || return 1
-  echo "$r" | awk '
-    { rank[NR-1] = $1; host[NR-1] = $2 }
-    END {
-      for (i = 0; i < 4; i++) if (rank[i] != i || host[i] !~ /^node[1-6]$/) exit 1
-      if (host[0] != host[1] || host[2] != host[3] || host[0] == host[2]) exit 1
-      print host[0], host[2]
-    }' >"placement-$1" || { echo "job $1: ranks not 2+2 on two hosts: $(echo "$r" | tr '\n' ';')" >&2; return 1; }
-}
 last_step() { locus_last_step "$1.jsonl"; }
 declare -A first_a first_b cut_node at cut
 for name in A B; do
-  slurm_wait_until 90 "the 4 ranks of job $name (${job[$name]}) on two hosts" ranks_on_two_nodes "${job[$name]}" ||
-    slurm_fail "job $name: $(train_ranks "${job[$name]}" | tr '\n' ';') $(tail -n 5 "$name.log")"
+  slurm_wait_until 90 "the 4 ranks of job $name (${job[$name]}) on two hosts" locus_ranks_on_two_nodes "${job[$name]}" locus-train ||
+    slurm_fail "job $name: $(locus_job_ranks "${job[$name]}" locus-train | tr '\n' ';') $(tail -n 5 "$name.log")"
   read -r "first_a[$name]" "first_b[$name]" <"placement-${job[$name]}"
 done
 # A loses the node of its ranks 2,3; B its batch node, that of mpirun and ranks 0,1.
@@ -126,7 +103,6 @@ cut_node[A]=${first_b[A]}
 cut_node[B]=${first_a[B]}
 [ "$(slurm_job_field "${job[B]}" BatchHost)" = "${cut_node[B]}" ] ||
   slurm_fail "job B: ranks 0,1 run on ${cut_node[B]}, its batch host is $(slurm_job_field "${job[B]}" BatchHost)"
-net_id=$(sed -n 's/^id=//p' "$net/nodes.env")
 # Whether job $1 is past step $cut_at; fails the test at once if it has ended.
 past_cut() {
   case " $SLURM_FINAL_STATES " in
@@ -142,27 +118,18 @@ while [ -z "${cut[A]:-}" ] || [ -z "${cut[B]:-}" ]; do
   for name in A B; do
     if [ -n "${cut[$name]:-}" ] || ! past_cut "$name"; then continue; fi
     at[$name]=$(last_step "$name")
-    bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" down
+    locus_cut_off "$net" "${cut_node[$name]}"
     cut[$name]=$SECONDS
-    # The emulated nodes share this machine's 2 cores, where a lost node's would be its own: its
-    # stranded ranks poll at 100% of a core each until their watchdog ends them (measured), so
-    # they get nice 19 and leave the cores to the nodes that are up.
-    for p in $(ip netns pids "locus-$net_id-n${cut_node[$name]#node}"); do
-      renice -n 19 -p "$p" >/dev/null 2>&1 || true
-    done
   done
   sleep 0.2
 done
 slurm_log "job A (${job[A]}): ranks 0,1 on ${first_a[A]}, 2,3 on ${first_b[A]}; ${cut_node[A]} cut off at step ${at[A]}"
 slurm_log "job B (${job[B]}): ranks 0,1 on ${first_a[B]}, 2,3 on ${first_b[B]}; ${cut_node[B]} (its batch host) cut off at step ${at[B]}"
 
-node_state() { sinfo -h -n "$1" -o %T | head -n 1; }
-is_down() { case "$(node_state "$1")" in down*) return 0 ;; esac; return 1; }
-is_up() { case "$(node_state "$1")" in idle | allocated | mixed) return 0 ;; esac; return 1; }
 declare -A down_s rerun_s rejoin_s
 for name in A B; do
-  slurm_wait_until 60 "${cut_node[$name]} to be set DOWN" is_down "${cut_node[$name]}" ||
-    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - ${cut[$name]})) s after its link went down"
+  slurm_wait_until 60 "${cut_node[$name]} to be set DOWN" locus_node_is_down "${cut_node[$name]}" ||
+    slurm_fail "${cut_node[$name]} is $(locus_node_state "${cut_node[$name]}") $((SECONDS - ${cut[$name]})) s after its link went down"
   down_s[$name]=$((SECONDS - ${cut[$name]}))
 done
 for name in A B; do
@@ -209,13 +176,13 @@ locus_reference_wait
 for name in A B; do bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" up; done
 back=$SECONDS
 for name in A B; do
-  slurm_wait_until 150 "${cut_node[$name]} to return to service" is_up "${cut_node[$name]}" ||
-    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - back)) s after its link came back: $(grep "${cut_node[$name]}" "$LSC_DIR/log/slurmctld.log" | tail -n 5)"
+  slurm_wait_until 150 "${cut_node[$name]} to return to service" locus_node_is_up "${cut_node[$name]}" ||
+    slurm_fail "${cut_node[$name]} is $(locus_node_state "${cut_node[$name]}") $((SECONDS - back)) s after its link came back: $(grep "${cut_node[$name]}" "$LSC_DIR/log/slurmctld.log" | tail -n 5)"
   rejoin_s[$name]=$((SECONDS - back))
   # What ran on the cut-off node ended by the time the node could talk again.
-  none_left() { [ -z "$(train_ranks "$1")" ]; }
+  none_left() { [ -z "$(locus_job_ranks "$1" locus-train)" ]; }
   slurm_wait_until 30 "no rank of job $name left" none_left "${job[$name]}" ||
-    slurm_fail "ranks of job $name still run: $(train_ranks "${job[$name]}" | tr '\n' ';')"
+    slurm_fail "ranks of job $name still run: $(locus_job_ranks "${job[$name]}" locus-train | tr '\n' ';')"
 done
 
 for name in A B; do

@@ -82,29 +82,6 @@ app[S]=locus-infer
 output[I]=I.h5
 output[S]=S.h5
 
-# "RANK HOST" for every live rank of app $2 in job $1 (the host name of its UTS namespace).
-job_ranks() {
-  local p env
-  for p in $(pgrep -x "$2" || true); do
-    env=$({ tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null) || continue
-    grep -qx "SLURM_JOB_ID=$1" <<<"$env" || continue
-    echo "$(sed -n 's/^OMPI_COMM_WORLD_RANK=//p' <<<"$env") $(nsenter --uts --target "$p" hostname 2>/dev/null || echo -)"
-  done | sort -n
-}
-# Succeeds when job $1 (app $2) has its 4 ranks running, 0,1 on one host and 2,3 on another;
-# writes the two hosts to the file placement-$1.
-ranks_on_two_nodes() {
-  local r
-  r=$(job_ranks "$1" "$2")
-  [ "$(echo "$r" | grep -c .)" = 4 ] || return 1
-  echo "$r" | awk '
-    { rank[NR-1] = $1; host[NR-1] = $2 }
-    END {
-      for (i = 0; i < 4; i++) if (rank[i] != i || host[i] !~ /^node[1-6]$/) exit 1
-      if (host[0] != host[1] || host[2] != host[3] || host[0] == host[2]) exit 1
-      print host[0], host[2]
-    }' >"placement-$1" || return 1
-}
 temp_of() { echo ".$1.locus-tmp"; }
 # Job $1 is mid-run: its ranks are placed (the ingest then parses for about 12 s before it
 # writes), and the scorer has its temporary output (it creates it before the first unit).
@@ -113,38 +90,30 @@ mid_run() {
   case " $SLURM_FINAL_STATES " in
     *" $(slurm_job_field "${job[$1]}" JobState) "*) slurm_fail "job $1 (${job[$1]}) ended $(slurm_job_field "${job[$1]}" JobState) before its node was cut off: $(tail -n 20 "$1.log")" ;;
   esac
-  ranks_on_two_nodes "${job[$1]}" "${app[$1]}" || return 1
+  locus_ranks_on_two_nodes "${job[$1]}" "${app[$1]}" 2>/dev/null || return 1
   [ "$1" = I ] || [ -e "$(temp_of "${output[$1]}")" ]
 }
 
-net_id=$(sed -n 's/^id=//p' "$net/nodes.env")
 declare -A first_a first_b cut_node cut
 deadline=$((SECONDS + 120))
 while [ -z "${cut[I]:-}" ] || [ -z "${cut[S]:-}" ]; do
   [ $SECONDS -lt $deadline ] ||
-    slurm_fail "not both mid-run with 4 ranks on two hosts after 120 s: I: $(job_ranks "${job[I]}" locus-ingest | tr '\n' ';') S: $(job_ranks "${job[S]}" locus-infer | tr '\n' ';') $(tail -n 5 I.log S.log)"
+    slurm_fail "not both mid-run with 4 ranks on two hosts after 120 s: I: $(locus_job_ranks "${job[I]}" locus-ingest | tr '\n' ';') S: $(locus_job_ranks "${job[S]}" locus-infer | tr '\n' ';') $(tail -n 5 I.log S.log)"
   for name in I S; do
     if [ -n "${cut[$name]:-}" ] || ! mid_run "$name"; then continue; fi
     read -r "first_a[$name]" "first_b[$name]" <"placement-${job[$name]}"
     cut_node[$name]=${first_b[$name]}
-    bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" down
+    locus_cut_off "$net" "${cut_node[$name]}"
     cut[$name]=$SECONDS
-    # The emulated nodes share this machine's 2 cores: stranded ranks that poll get nice 19.
-    for p in $(ip netns pids "locus-$net_id-n${cut_node[$name]#node}"); do
-      renice -n 19 -p "$p" >/dev/null 2>&1 || true
-    done
     slurm_log "job $name (${job[$name]}, ${app[$name]}): ranks 0,1 on ${first_a[$name]}, 2,3 on ${first_b[$name]}; ${cut_node[$name]} cut off mid-run"
   done
   sleep 0.2
 done
 
-node_state() { sinfo -h -n "$1" -o %T | head -n 1; }
-is_down() { case "$(node_state "$1")" in down*) return 0 ;; esac; return 1; }
-is_up() { case "$(node_state "$1")" in idle | allocated | mixed) return 0 ;; esac; return 1; }
 declare -A down_s rerun_s rejoin_s
 for name in I S; do
-  slurm_wait_until 60 "${cut_node[$name]} to be set DOWN" is_down "${cut_node[$name]}" ||
-    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - ${cut[$name]})) s after its link went down"
+  slurm_wait_until 60 "${cut_node[$name]} to be set DOWN" locus_node_is_down "${cut_node[$name]}" ||
+    slurm_fail "${cut_node[$name]} is $(locus_node_state "${cut_node[$name]}") $((SECONDS - ${cut[$name]})) s after its link went down"
   down_s[$name]=$((SECONDS - ${cut[$name]}))
 done
 for name in I S; do
@@ -166,12 +135,12 @@ done
 for name in I S; do bash "$nodes_sh" link "$net" "${cut_node[$name]#node}" up; done
 back=$SECONDS
 for name in I S; do
-  slurm_wait_until 150 "${cut_node[$name]} to return to service" is_up "${cut_node[$name]}" ||
-    slurm_fail "${cut_node[$name]} is $(node_state "${cut_node[$name]}") $((SECONDS - back)) s after its link came back: $(grep "${cut_node[$name]}" "$LSC_DIR/log/slurmctld.log" | tail -n 5)"
+  slurm_wait_until 150 "${cut_node[$name]} to return to service" locus_node_is_up "${cut_node[$name]}" ||
+    slurm_fail "${cut_node[$name]} is $(locus_node_state "${cut_node[$name]}") $((SECONDS - back)) s after its link came back: $(grep "${cut_node[$name]}" "$LSC_DIR/log/slurmctld.log" | tail -n 5)"
   rejoin_s[$name]=$((SECONDS - back))
-  none_left() { [ -z "$(job_ranks "$1" "$2")" ]; }
+  none_left() { [ -z "$(locus_job_ranks "$1" "$2")" ]; }
   slurm_wait_until 30 "no rank of job $name left" none_left "${job[$name]}" "${app[$name]}" ||
-    slurm_fail "ranks of job $name still run: $(job_ranks "${job[$name]}" "${app[$name]}" | tr '\n' ';')"
+    slurm_fail "ranks of job $name still run: $(locus_job_ranks "${job[$name]}" "${app[$name]}" | tr '\n' ';')"
 done
 
 for name in I S; do
