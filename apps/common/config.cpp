@@ -125,6 +125,22 @@ void add_watchdog_option(Config& c, const std::string& key, double& target) {
         in_range(0.0, 1e9));
 }
 
+void add_progress_option(Config& c, const std::string& key, double& target) {
+  c.add(key, target,
+        "rank 0 prints a progress line this often, in seconds: units and rows done, rate, "
+        "time left (0: none)",
+        in_range(0.0, 1e9));
+}
+
+comm::ProgressTicker::Sink progress_printer(const mpi::Comm& comm, std::string verb,
+                                            std::string measure) {
+  if (!comm.is_root()) return {};
+  return [verb = std::move(verb), measure = std::move(measure)](const comm::QueueProgress& p) {
+    fmt::print("{}\n", comm::describe(p, verb, measure));
+    std::fflush(stdout);
+  };
+}
+
 const std::vector<std::string>& pipeline_sections() {
   static const std::vector<std::string> sections{"data",  "ingest", "gates",      "model",
                                                  "optim", "train",  "loader",     "eval",

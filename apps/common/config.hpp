@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "locus/comm/mpi.hpp"
+#include "locus/comm/queue_progress.hpp"
+
 namespace locus::mpi {
 class Comm;
 }
@@ -79,6 +82,15 @@ std::function<std::string(double)> in_range(double lo, double hi);
 // a stuck job would otherwise burn.
 inline constexpr double kWatchdogDefaultS = 1800;
 void add_watchdog_option(Config& c, const std::string& key, double& target);
+
+// The progress line of locus-infer and locus-ingest (lib/comm/queue_progress.hpp):
+// `<app section>.progress_s`, seconds between two lines; 0: none. 30 s by default: a run of a
+// few seconds prints none, a scoring of hours one every half minute for `tail -f`.
+inline constexpr double kProgressDefaultS = 30;
+void add_progress_option(Config& c, const std::string& key, double& target);
+// Rank 0's printer of those lines ("<verb>: ..." on stdout, flushed); empty on other ranks.
+comm::ProgressTicker::Sink progress_printer(const mpi::Comm& comm, std::string verb,
+                                            std::string measure);
 
 // Every section of the pipeline config file, across all apps.
 const std::vector<std::string>& pipeline_sections();

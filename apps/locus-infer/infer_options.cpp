@@ -36,6 +36,7 @@ void InferSettings::register_options(Config& c) {
         "on the GPU)",
         in_range(std::int64_t{1}, std::int64_t{1024}));
   add_watchdog_option(c, "infer.watchdog_s", watchdog_s);
+  add_progress_option(c, "infer.progress_s", progress_s);
   c.add_choice("infer.backend", backend, {"cpu", "cuda"},
                "where the forward passes run (cpu: OpenBLAS; cuda: one GPU per rank, the "
                "training backend's kernels, softmax/argmax/top-k on the device, in builds with "
@@ -87,6 +88,7 @@ infer::InferOptions InferSettings::to_options(const Config& c) const {
   }
   o.slow_factor = slow_factor;
   o.slow_ms = slow_ms;
+  o.progress_s = progress_s;
   o.overwrite = overwrite;
   o.incremental = incremental;
   o.effective_config = c.effective_ini();

@@ -15,7 +15,7 @@ struct InferSettings {
               precision = "fp32";
   std::int64_t top_k = 0, batch_rows = 256, unit_rows = 0, read_rows = 0, read_threads = 0,
                blas_threads = 1, slow_ms = 0, device = -1;
-  double slow_factor = 1.0, watchdog_s = kWatchdogDefaultS;
+  double slow_factor = 1.0, watchdog_s = kWatchdogDefaultS, progress_s = kProgressDefaultS;
   bool speculate = true, record_writer = false;
   // command-line switches
   bool overwrite = false, incremental = false;

@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     const locus::comm::Watchdog watchdog(settings.watchdog_s, "infer.watchdog_s");
+    opts.on_progress = locus::app::progress_printer(world, "scoring", "rows");
     const auto result = locus::infer::run_inference(world, opts);
     if (world.is_root()) print_summary(opts, result);
     return locus::exit_code::ok;

@@ -34,6 +34,7 @@ void IngestSettings::register_options(Config& c) {
           }
         });
   add_watchdog_option(c, "ingest.watchdog_s", watchdog_s);
+  add_progress_option(c, "ingest.progress_s", progress_s);
   c.add("ingest.unit_bytes", unit_bytes,
         "input bytes per work unit handed out to the ranks (IDX: whole records of the "
         "decompressed data; 0: 1/64 of the input, between 1 MiB and 16 MiB); the statistics "
@@ -105,6 +106,7 @@ io::IngestOptions IngestSettings::to_options(const Config& c) const {
   o.unit_bytes = static_cast<std::uint64_t>(unit_bytes);
   o.schedule = schedule == "static" ? comm::Schedule::static_blocks : comm::Schedule::dynamic;
   o.speculate = speculate;
+  o.progress_s = progress_s;
   if (features > 0) o.gates.features = features;
   o.gates.require_labels = require_labels;
   o.gates.drop_nonfinite = nonfinite == "drop";

@@ -20,7 +20,7 @@ struct IngestSettings {
   bool speculate = true;
   std::string join, join_key, join_columns;
   std::int64_t join_max_mb = 256;
-  double watchdog_s = kWatchdogDefaultS;
+  double watchdog_s = kWatchdogDefaultS, progress_s = kProgressDefaultS;
   // [gates]
   std::int64_t features = 0, min_rows = 0, max_rows = 0, psi_bins = 10;
   bool require_labels = false;

@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
       return locus::exit_code::ok;
     }
     const locus::comm::Watchdog watchdog(settings.watchdog_s, "ingest.watchdog_s");
+    opts.on_progress = locus::app::progress_printer(world, "parsing", "rows");
     const auto result = locus::io::run_ingest(world, opts);
     if (world.is_root()) print_summary(opts, result, world.size());
     return locus::exit_code::ok;

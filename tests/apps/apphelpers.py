@@ -61,6 +61,29 @@ def expect_exit(proc, code, *needles):
         check(n in text, f"expected {n!r} in the output", proc)
 
 
+def progress_lines(proc, prefix, pattern, interval):
+    """The lines of proc's stdout that start with prefix, each matched by pattern (a compiled
+    regex with groups `won` and `secs`), checked as one printer's every `interval` seconds of a
+    run several intervals long: at least two; the first after one interval; each later than the
+    one before, whose units done it never undercuts. Returns the matches."""
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(prefix)]
+    check(len(lines) >= 2, f"expected a progress line every {interval} s, got {len(lines)}", proc)
+    matches = []
+    for line in lines:
+        m = pattern.match(line)
+        check(m is not None, f"progress line not as documented: {line!r}", proc)
+        if matches:
+            prev = matches[-1]
+            check(float(m["secs"]) > float(prev["secs"]), "two lines at the same time (more "
+                  f"than one rank prints?): {prev[0]!r} then {line!r}", proc)
+            check(int(m["won"]) >= int(prev["won"]),
+                  f"units done went back: {prev[0]!r} then {line!r}", proc)
+        matches.append(m)
+    check(float(matches[0]["secs"]) >= interval,
+          f"the first line came before its interval: {lines[0]!r}", proc)
+    return matches
+
+
 def read_dataset(path):
     with h5py.File(path, "r") as f:
         n = int(f.attrs["committed_rows"])

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from apphelpers import (FASHION, check, expect_exit, hold_lock_file, lock_is_free, lock_path, main,
-                        no_outputs, suspended)
+                        no_outputs, progress_lines, suspended)
 
 EXIT_CONFIG, EXIT_DATA = 2, 3
 DATASETS = ("scores", "predicted", "topk_classes", "topk_scores")
@@ -543,6 +543,34 @@ def test_a_second_job_writing_the_output_is_refused(r, tmp):
     same(read_scores(out)[0], ref, "the requeued job's output")
 
 
+PROGRESS = re.compile(r"^scoring: (?P<won>\d+) of (\d+) units, (\d+) of (\d+) rows \((\d+)%\) in "
+                      r"(?P<secs>[\d.]+) s, \d+ rows/s(?:, \d+ re-runs?)?"
+                      r"(?:; about [\d.]+ (?:s|min|h) left|; no unit finished yet)?$")
+
+
+def test_progress_lines_while_scoring(r, tmp):
+    """infer.progress_s: rank 0 alone prints, once an interval, how many units and rows are
+    scored; the counts only grow and rows are always whole units' rows. 0 turns it off."""
+    test, _, _ = ingest_fashion_test(r, tmp)
+    model = write_model(os.path.join(tmp, "m.h5"), [784, 32, 10], seed=4)
+    out = os.path.join(tmp, "s.h5")
+    # 20 units of 500 rows; every rank sleeps 150 ms x ranks before each: about 3 s at any
+    # rank count, about ten intervals of 0.3 s.
+    slow = ",".join(str(i) for i in range(r.ranks))
+    p = infer(r, model, test, out, "--infer.unit_rows=500", f"--infer.slow_ranks={slow}",
+              f"--infer.slow_ms={150 * r.ranks}", "--infer.progress_s=0.3")
+    expect_exit(p, 0, "scored 10000 rows")
+    for m in progress_lines(p, "scoring:", PROGRESS, 0.3):
+        won, units, rows, total, pct = (int(m[i]) for i in range(1, 6))
+        check(units == 20 and total == 10000, f"totals: {m[0]!r}", p)
+        check(rows == 500 * won, f"rows are whole units' rows: {m[0]!r}", p)
+        check(pct == round(100 * rows / total), f"share: {m[0]!r}", p)
+    # infer.progress_s = 0: none, as a short run's default (30 s).
+    p = infer(r, model, test, out, "--infer.unit_rows=500", "--infer.progress_s=0", "--overwrite")
+    expect_exit(p, 0)
+    check("scoring:" not in p.stdout, "infer.progress_s = 0 printed a progress line", p)
+
+
 # Rank-independent checks (the model format against PyTorch, argument and input errors) run at
 # 2 ranks only, to keep CI short: test_model_file and test_infer cover model reading and agreed
 # errors at 1, 2 and 4 ranks.
@@ -559,6 +587,6 @@ if __name__ == "__main__":
            test_checkpoint_plain_input_and_regression_models,
            test_bad_inputs_give_clear_errors_and_no_output,
            test_a_second_job_writing_the_output_is_refused,
-           test_cuda_backend_where_it_cannot_run]
+           test_cuda_backend_where_it_cannot_run, test_progress_lines_while_scoring]
     RANKS = int(sys.argv[2])
     main([t for t in ALL if RANKS == 2 or t.__name__ not in AT_2_RANKS_ONLY])

@@ -4,6 +4,7 @@ import filecmp
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import h5py
 import numpy as np
 
 from apphelpers import (FASHION, check, expect_exit, hold_lock_file, lock_is_free, lock_path, main,
-                        no_outputs, read_dataset)
+                        no_outputs, progress_lines, read_dataset)
 
 # Many runs here fail on purpose (gates, bad inputs, config errors): do not wait for Open MPI's
 # kill timeout after each (see test_infer_app.py). The two runs that kill a rank keep Open MPI's
@@ -409,6 +410,31 @@ def test_documented_h5py_dataset_is_readable(r, tmp):
     expect_exit(p, EXIT_DATA, "allocates chunks lazily", "mine.h5")
 
 
+PROGRESS = re.compile(r"^parsing: (?P<won>\d+) of (\d+) units, (\d+) rows \((\d+)% of the units\) "
+                      r"in (?P<secs>[\d.]+) s, \d+ rows/s(?:, \d+ re-runs?)?"
+                      r"(?:; about [\d.]+ (?:s|min|h) left|; no unit finished yet)?$")
+
+
+def test_progress_lines_while_parsing(r, tmp):
+    """ingest.progress_s: rank 0 alone prints, once an interval, how many units and rows are
+    parsed; the counts only grow and rows are always whole units' rows. 0 turns it off."""
+    out = os.path.join(tmp, "t.h5")
+    args = (f"--ingest.images={FASHION}/t10k-images-idx3-ubyte.gz",
+            f"--ingest.labels={FASHION}/t10k-labels-idx1-ubyte.gz", f"--ingest.output={out}",
+            f"--ingest.unit_bytes={784 * 500}")  # 20 units of 500 records
+    # Every rank waits 150 ms x ranks per unit: about 3 s at any rank count.
+    p = r.run("locus-ingest", *args, "--ingest.progress_s=0.3",
+              env={"LOCUS_TEST_HOOK": f"ingest-unit:delay{150 * r.ranks}"})
+    expect_exit(p, 0, "ingested 10000 rows")
+    for m in progress_lines(p, "parsing:", PROGRESS, 0.3):
+        won, units, rows, pct = (int(m[i]) for i in range(1, 5))
+        check(units == 20 and rows == 500 * won, f"rows are whole units' rows: {m[0]!r}", p)
+        check(pct == round(100 * won / units), f"share: {m[0]!r}", p)
+    p = r.run("locus-ingest", *args, "--ingest.progress_s=0", "--overwrite",
+              env={"LOCUS_TEST_HOOK": "ingest-unit:delay20"})
+    expect_exit(p, 0)
+    check("parsing:" not in p.stdout, "ingest.progress_s = 0 printed a progress line", p)
+
 if __name__ == "__main__":
     main([test_fashion_mnist_train_and_test, test_csv_matches_serial_parse,
           test_every_gate_fires_and_publishes_nothing, test_nonfinite_drop_counts,
@@ -416,6 +442,6 @@ if __name__ == "__main__":
           test_append_equals_full_ingest_and_survives_a_crash,
           test_same_bytes_at_any_rank_count_schedule_or_straggler,
           test_append_rerun_after_its_publication_adds_nothing,
-          test_documented_h5py_dataset_is_readable],
+          test_documented_h5py_dataset_is_readable, test_progress_lines_while_parsing],
          once=[test_validate_only_writes_report_only, test_config_errors_name_the_key,
                test_append_to_an_output_another_job_writes_is_refused])

@@ -13,8 +13,9 @@ namespace locus::comm {
 
 namespace {
 
-// Tests req every 200 us, sleeping in between; false once seconds (> 0) have passed first.
-bool poll(MPI_Request& req, double seconds) {
+// Tests req every 200 us, sleeping (and calling between, when given) in between; false once
+// seconds (> 0) have passed first.
+bool poll(MPI_Request& req, double seconds, const std::function<void()>& between = {}) {
   const auto start = std::chrono::steady_clock::now();
   int done = 0;
   while (true) {
@@ -24,6 +25,7 @@ bool poll(MPI_Request& req, double seconds) {
                                .count() > seconds) {
       return false;
     }
+    if (between) between();
     const timespec pause{0, 200'000};
     ::nanosleep(&pause, nullptr);
   }
@@ -31,11 +33,11 @@ bool poll(MPI_Request& req, double seconds) {
 
 }  // namespace
 
-void quiet_barrier(const mpi::Comm& comm) {
+void quiet_barrier(const mpi::Comm& comm, const std::function<void()>& while_waiting) {
   if (comm.size() == 1) return;
   MPI_Request req = MPI_REQUEST_NULL;
   LOCUS_MPI_CHECK(MPI_Ibarrier(comm.get(), &req));
-  poll(req, 0.0);
+  poll(req, 0.0, while_waiting);
 }
 
 bool allreduce_max_within(const mpi::Comm& comm, std::span<int> values, double seconds) {

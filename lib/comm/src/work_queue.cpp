@@ -35,7 +35,7 @@ WorkQueue::WorkQueue(const mpi::Comm& comm, std::int64_t units, bool speculate, 
   }
   LOCUS_ASSERT(units >= 0 && max_runs >= 1, fmt::format("{} units, max_runs {}", units, max_runs));
   const MPI_Aint bytes =
-      comm_.is_root() ? static_cast<MPI_Aint>((1 + 4 * units_) * sizeof(std::int64_t)) : 0;
+      comm_.is_root() ? static_cast<MPI_Aint>((kHeader + 4 * units_) * sizeof(std::int64_t)) : 0;
   MPI_Info info = MPI_INFO_NULL;
   LOCUS_MPI_CHECK(MPI_Info_create(&info));
   // Every location sees only SUM updates and NO_OP reads.
@@ -45,7 +45,7 @@ WorkQueue::WorkQueue(const mpi::Comm& comm, std::int64_t units, bool speculate, 
   MPI_Info_free(&info);
   LOCUS_MPI_CHECK(rc);
   LOCUS_MPI_CHECK(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));
-  if (comm_.is_root()) std::fill(base, base + 1 + 4 * units_, std::int64_t{0});
+  if (comm_.is_root()) std::fill(base, base + kHeader + 4 * units_, std::int64_t{0});
   comm_.barrier();  // nobody touches the window before rank 0 zeroed it
   LOCUS_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
 }
@@ -63,6 +63,13 @@ std::int64_t WorkQueue::fetch_add(MPI_Aint index, std::int64_t add) {
   return old;
 }
 
+void WorkQueue::add(MPI_Aint index, std::span<const std::int64_t> values) {
+  LOCUS_MPI_CHECK(MPI_Accumulate(values.data(), static_cast<int>(values.size()), MPI_INT64_T, 0,
+                                 index, static_cast<int>(values.size()), MPI_INT64_T, MPI_SUM,
+                                 win_));
+  LOCUS_MPI_CHECK(MPI_Win_flush(0, win_));
+}
+
 std::int64_t WorkQueue::read(MPI_Aint index) {
   std::int64_t dummy = 0, value = 0;
   LOCUS_MPI_CHECK(MPI_Fetch_and_op(&dummy, &value, MPI_INT64_T, 0, index, MPI_NO_OP, win_));
@@ -78,7 +85,7 @@ WorkQueue::Claim WorkQueue::claim(std::span<const std::int64_t> held) {
     return {u, false};
   }
   if (fresh_left_) {
-    const std::int64_t u = fetch_add(0, 1);
+    const std::int64_t u = fetch_add(kNext, 1);
     if (u < units_) {
       fetch_add(runs_at(u), 1);
       return {u, false};
@@ -114,7 +121,11 @@ std::int64_t WorkQueue::speculative_claim(std::span<const std::int64_t> held) {
       }
       prefix_done = false;
       if (runs[k] >= max_runs_ || std::find(held.begin(), held.end(), u) != held.end()) continue;
-      if (fetch_add(runs_at(u), 1) < max_runs_) return u;
+      if (fetch_add(runs_at(u), 1) < max_runs_) {
+        const std::int64_t one = 1;
+        add(kReruns, {&one, 1});
+        return u;
+      }
       fetch_add(runs_at(u), -1);  // another rank took the last copy first
     }
   }
@@ -123,10 +134,21 @@ std::int64_t WorkQueue::speculative_claim(std::span<const std::int64_t> held) {
 
 bool WorkQueue::finished(std::int64_t unit) { return read(finishers_at(unit)) != 0; }
 
-bool WorkQueue::try_win(std::int64_t unit) {
+bool WorkQueue::try_win(std::int64_t unit, std::int64_t amount) {
   if (fetch_add(finishers_at(unit), 1) != 0) return false;
-  fetch_add(winner_at(unit), comm_.rank() + 1);
+  const std::int64_t winner = comm_.rank() + 1;
+  add(winner_at(unit), {&winner, 1});
+  const std::array<std::int64_t, 2> won{1, amount};  // kWon, kAmount
+  add(kWon, won);
   return true;
+}
+
+WorkQueue::Counts WorkQueue::counts() {
+  std::array<std::int64_t, kHeader> header{};
+  LOCUS_MPI_CHECK(MPI_Get_accumulate(nullptr, 0, MPI_INT64_T, header.data(), kHeader,
+                                     MPI_INT64_T, 0, 0, kHeader, MPI_INT64_T, MPI_NO_OP, win_));
+  LOCUS_MPI_CHECK(MPI_Win_flush(0, win_));
+  return {units_, header[kWon], header[kAmount], header[kReruns]};
 }
 
 void WorkQueue::wrote(std::int64_t unit) { fetch_add(writes_at(unit), 1); }
@@ -136,11 +158,11 @@ void WorkQueue::progress() {
   LOCUS_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_.get(), &flag, MPI_STATUS_IGNORE));
 }
 
-WorkQueue::Summary WorkQueue::finish() {
+WorkQueue::Summary WorkQueue::finish(const std::function<void()>& while_waiting) {
   // Every rank's operations completed (each was flushed). Ranks that ran out of units sleep
   // here rather than spin: the ranks still scoring may need the core (see quiet_wait.hpp).
   comm::progress("work queue end (a barrier: every rank's units done)");
-  quiet_barrier(comm_);
+  quiet_barrier(comm_, while_waiting);
   Summary s;
   s.units = units_;
   std::vector<std::int64_t> state(static_cast<std::size_t>(4 * units_));
@@ -150,7 +172,7 @@ WorkQueue::Summary WorkQueue::finish() {
       const std::int64_t n = std::min<std::int64_t>(1 << 28, 4 * units_ - off);
       LOCUS_MPI_CHECK(MPI_Get_accumulate(nullptr, 0, MPI_INT64_T,
                                          state.data() + off, static_cast<int>(n), MPI_INT64_T,
-                                         0, 1 + off, static_cast<int>(n), MPI_INT64_T,
+                                         0, kHeader + off, static_cast<int>(n), MPI_INT64_T,
                                          MPI_NO_OP, win_));
     }
     LOCUS_MPI_CHECK(MPI_Win_flush(0, win_));

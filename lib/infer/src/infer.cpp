@@ -131,11 +131,13 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
   Scored res;
   res.read = in.read_method();
   WorkQueue queue(comm, grid.units(), job.opts.speculate, 2, job.opts.schedule);
+  comm::ProgressTicker ticker(job.opts.progress_s, static_cast<std::int64_t>(end - begin),
+                              job.opts.on_progress);
   res.loop = detail::run_units(queue, grid, *engine, in, out, comm.rank(),
                                is_slow ? detail::SlowDown{job.opts.slow_factor, job.opts.slow_ms}
                                        : detail::SlowDown{},
-                               job.opts.read_rows);
-  res.queue = queue.finish();
+                               job.opts.read_rows, ticker);
+  res.queue = queue.finish([&] { ticker.poll(queue); });
   if (res.queue.written_once != res.queue.units) {
     throw InternalError(fmt::format("{} of {} units were written exactly once ({} never, {} "
                                     "more than once): a work-queue bug",

@@ -41,8 +41,8 @@ std::size_t ring_stripes(std::uint64_t stripe_rows, std::uint64_t unit_rows, std
 class Loop {
  public:
   Loop(WorkQueue& q, const UnitGrid& g, Engine& sc, LocalInput& in, PredictionFile& out,
-       int rank, const SlowDown& slow, std::uint64_t read_rows)
-      : queue_(q), grid_(g), engine_(sc), in_(in), out_(out), rank_(rank),
+       int rank, const SlowDown& slow, std::uint64_t read_rows, comm::ProgressTicker& ticker)
+      : queue_(q), grid_(g), engine_(sc), in_(in), out_(out), rank_(rank), ticker_(ticker),
         stripe_rows_(stripe_rows(read_rows, static_cast<std::uint64_t>(sc.spec().batch_rows),
                                  g.unit_rows, in.cols())),
         stripes_(ring_stripes(stripe_rows_, g.unit_rows, in.cols())),
@@ -67,6 +67,7 @@ class Loop {
     const double t0 = MPI_Wtime();
     bool exhausted = false;
     while (true) {
+      ticker_.poll(queue_);
       Stripe* s = free_stripe();
       UnitWork* reading = reading_unit();
       if (s != nullptr && reading != nullptr) {
@@ -175,6 +176,7 @@ class Loop {
     events_.done.clear();
     comm::progress("scoring (waiting for the compute thread)");
     while (!worker_.wait_for(poll, events_)) {
+      ticker_.poll(queue_);
       if (queue_.solo()) continue;
       queue_.progress();
       if (!queue_.speculating()) continue;
@@ -188,7 +190,7 @@ class Loop {
 
   // Post-processes and writes a unit whose forward passes this rank finished first.
   void complete(UnitWork& u) {
-    if (u.completed && queue_.try_win(u.unit)) {
+    if (u.completed && queue_.try_win(u.unit, static_cast<std::int64_t>(u.rows.count))) {
       comm::progress("writing the predictions of unit {}", u.unit);
       const double t0 = MPI_Wtime();
       engine_.finish(u);
@@ -215,6 +217,7 @@ class Loop {
   LocalInput& in_;
   PredictionFile& out_;
   int rank_;
+  comm::ProgressTicker& ticker_;
   std::uint64_t stripe_rows_;
   UnitWork units_[2];
   std::vector<Stripe> stripes_;
@@ -240,8 +243,9 @@ std::uint64_t stripe_rows(std::uint64_t read_rows, std::uint64_t batch_rows,
 
 LoopResult run_units(WorkQueue& queue, const UnitGrid& grid, Engine& engine,
                      LocalInput& input, PredictionFile& out, int rank,
-                     const SlowDown& slow, std::uint64_t read_rows) {
-  return Loop(queue, grid, engine, input, out, rank, slow, read_rows).run();
+                     const SlowDown& slow, std::uint64_t read_rows,
+                     comm::ProgressTicker& ticker) {
+  return Loop(queue, grid, engine, input, out, rank, slow, read_rows, ticker).run();
 }
 
 }  // namespace locus::infer::detail

@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "locus/comm/queue_progress.hpp"
 #include "locus/infer/infer.hpp"
 #include "locus/infer/prediction_file.hpp"
 #include "locus/infer/scorer.hpp"
@@ -50,8 +51,11 @@ std::uint64_t stripe_rows(std::uint64_t read_rows, std::uint64_t batch_rows,
                           std::uint64_t unit_rows, std::uint64_t cols);
 
 // Local to this rank except for the one-sided queue operations; every rank calls it once.
+// Polls the ticker between the loop's steps and while it waits for the compute thread; a won
+// unit counts its rows.
 LoopResult run_units(WorkQueue& queue, const UnitGrid& grid, Engine& engine,
                      LocalInput& input, PredictionFile& out, int rank,
-                     const SlowDown& slow, std::uint64_t read_rows = 0);
+                     const SlowDown& slow, std::uint64_t read_rows,
+                     comm::ProgressTicker& ticker);
 
 }  // namespace locus::infer::detail

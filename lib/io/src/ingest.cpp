@@ -195,7 +195,9 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     }
     parsed = detail::parse_units(comm, *units, {.schedule = opts.schedule,
                                                 .speculate = opts.speculate,
-                                                .drop_nonfinite = gates.drop_nonfinite});
+                                                .drop_nonfinite = gates.drop_nonfinite,
+                                                .progress_s = opts.progress_s,
+                                                .on_progress = opts.on_progress});
   }
   Table& table = parsed.table;
   const FeatureStats& stats = parsed.stats;

@@ -94,13 +94,14 @@ class UnitLoop {
  public:
   UnitLoop(const mpi::Comm& comm, UnitSource& src, const UnitLoopOptions& opts)
       : src_(src), opts_(opts), queue_(comm, src.units(), opts.speculate, 2, opts.schedule),
-        slow_(test_hook_slowdown("ingest-unit")), d_(static_cast<std::size_t>(src.header().cols)) {
+        ticker_(opts.progress_s, 0, opts.on_progress), slow_(test_hook_slowdown("ingest-unit")), d_(static_cast<std::size_t>(src.header().cols)) {
     table_ = src.header();
   }
 
   void run() {
     const double t0 = MPI_Wtime();
     while (true) {
+      ticker_.poll(queue_);
       comm::progress("claiming an ingest unit (the work queue's one-sided counter)");
       const comm::WorkQueue::Claim c = queue_.claim({});
       if (c.unit < 0) break;
@@ -116,6 +117,7 @@ class UnitLoop {
   }
 
   comm::WorkQueue& queue() { return queue_; }
+  comm::ProgressTicker& ticker() { return ticker_; }
   Table& table() { return table_; }
   std::vector<Won>& won() { return won_; }
   IngestRankStats& stats() { return stats_; }
@@ -132,6 +134,7 @@ class UnitLoop {
     // Between chunks: let other ranks' one-sided requests progress here, and stop when
     // another rank already finished this unit.
     const auto keep_going = [&] {
+      ticker_.poll(queue_);
       if (queue_.solo()) return true;
       queue_.progress();
       return !(queue_.speculating() && queue_.finished(unit));
@@ -152,7 +155,7 @@ class UnitLoop {
     }
     if (!moot && slow_.active())
       moot = !slow_wait((slow_.factor - 1) * (MPI_Wtime() - w0) + slow_.extra_ms * 1e-3, keep_going);
-    if (moot || !queue_.try_win(unit)) {
+    if (moot || !queue_.try_win(unit, w.rows)) {
       truncate_rows(dst, mark);
       ++stats_.abandoned;
       return;
@@ -169,6 +172,7 @@ class UnitLoop {
   UnitSource& src_;
   UnitLoopOptions opts_;
   comm::WorkQueue queue_;
+  comm::ProgressTicker ticker_;
   SlowDown slow_;
   std::size_t d_;
   Table table_;
@@ -240,7 +244,8 @@ std::vector<IngestRankStats> gather_stats(const mpi::Comm& comm, const IngestRan
 ParsedUnits parse_units(const mpi::Comm& comm, UnitSource& src, const UnitLoopOptions& opts) {
   UnitLoop loop(comm, src, opts);
   loop.run();
-  const comm::WorkQueue::Summary q = loop.queue().finish();
+  const comm::WorkQueue::Summary q =
+      loop.queue().finish([&] { loop.ticker().poll(loop.queue()); });
   if (q.written_once != q.units) {
     throw InternalError(fmt::format("{} of {} ingest units were kept exactly once ({} never, {} "
                                     "more than once): a work-queue bug",

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/comm/queue_progress.hpp"
 #include "locus/comm/work_queue.hpp"
 #include "locus/io/dataset.hpp"
 #include "locus/io/gates.hpp"
@@ -22,6 +23,8 @@ struct UnitLoopOptions {
   comm::Schedule schedule = comm::Schedule::dynamic;
   bool speculate = true;
   bool drop_nonfinite = false;  // drop rows with NaN/Inf per unit (else keep them for the gate)
+  double progress_s = 0;        // IngestOptions's
+  comm::ProgressTicker::Sink on_progress;
 };
 
 struct ParsedUnits {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <exception>
+#include <functional>
 #include <span>
 #include <utility>
 
@@ -19,8 +20,8 @@
 namespace locus::comm {
 
 // Collective over comm: a barrier whose waiting ranks sleep between polls (MPI_Ibarrier, tested
-// every 200 µs) instead of spinning.
-void quiet_barrier(const mpi::Comm& comm);
+// every 200 µs) instead of spinning, calling while_waiting (when given) between polls.
+void quiet_barrier(const mpi::Comm& comm, const std::function<void()>& while_waiting = {});
 
 // Collective over comm: each element of values replaced by its maximum over the ranks, polled
 // with sleeps like quiet_barrier. With seconds > 0, gives up after that long and returns false

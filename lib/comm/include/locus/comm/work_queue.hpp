@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -14,7 +15,10 @@
 
 namespace locus::comm {
 
-// Window layout (int64, on rank 0): [0] the next fresh unit; then per unit u
+// Window layout (int64, on rank 0): a header of counters --
+//   [0] the next fresh unit, [1] units won so far, [2] the sum of their amounts (try_win's:
+//   rows, bytes), [3] speculative re-runs started --
+// then per unit u
 //   runs[u]      ranks that started u (fresh claim or speculative re-run),
 //   finishers[u] ranks that finished u; the one that moved it from 0 won (its result counts),
 //   winner[u]    1 + the winning rank (added by the winner alone),
@@ -53,14 +57,25 @@ class WorkQueue {
   // Local: whether some rank has won `unit` (its result counts).
   bool finished(std::int64_t unit);
   // Local: claims the result of `unit` for this rank (first finisher wins). True when
-  // this rank won: it must then write the unit's rows and call wrote(). False when another
-  // rank won first: the caller discards its result.
-  bool try_win(std::int64_t unit);
+  // this rank won: it must then write the unit's rows and call wrote(); `amount` (the unit's
+  // size in the caller's measure: rows, bytes) then counts in counts().amount. False when
+  // another rank won first: the caller discards its result.
+  bool try_win(std::int64_t unit, std::int64_t amount);
   // Local: counts one write of `unit`'s rows (the exactly-once check).
   void wrote(std::int64_t unit);
   // Local: ensures passive-target requests of other ranks make progress on this rank
   // (needed by MPI implementations without asynchronous progress); cheap.
   void progress();
+
+  // How far the whole job is, for progress lines.
+  struct Counts {
+    std::int64_t units = 0;   // in the queue
+    std::int64_t won = 0;     // units some rank won (finished first) so far
+    std::int64_t amount = 0;  // the sum of the won units' amounts (try_win)
+    std::int64_t reruns = 0;  // speculative re-runs started so far
+  };
+  // Local (one-sided, one read of rank 0's header): the counters as they stand now.
+  Counts counts();
 
   struct Summary {
     std::int64_t units = 0;
@@ -71,8 +86,9 @@ class WorkQueue {
     std::vector<std::int32_t> winner;  // rank that won each unit
   };
   // Collective over comm: ends the epoch, frees the window and returns the per-unit summary
-  // on every rank.
-  Summary finish();
+  // on every rank. Ranks that arrive early wait without spinning, calling while_waiting
+  // (when given) between polls: rank 0 keeps its progress line going (counts() still works).
+  Summary finish(const std::function<void()>& while_waiting = {});
 
   std::int64_t units() const noexcept { return units_; }
   // One rank alone: nobody else can take or finish its units.
@@ -84,10 +100,12 @@ class WorkQueue {
  private:
   std::int64_t fetch_add(MPI_Aint index, std::int64_t add);
   std::int64_t read(MPI_Aint index);
-  MPI_Aint runs_at(std::int64_t u) const { return 1 + u; }
-  MPI_Aint finishers_at(std::int64_t u) const { return 1 + units_ + u; }
-  MPI_Aint winner_at(std::int64_t u) const { return 1 + 2 * units_ + u; }
-  MPI_Aint writes_at(std::int64_t u) const { return 1 + 3 * units_ + u; }
+  void add(MPI_Aint index, std::span<const std::int64_t> values);
+  static constexpr MPI_Aint kNext = 0, kWon = 1, kAmount = 2, kReruns = 3, kHeader = 4;
+  MPI_Aint runs_at(std::int64_t u) const { return kHeader + u; }
+  MPI_Aint finishers_at(std::int64_t u) const { return kHeader + units_ + u; }
+  MPI_Aint winner_at(std::int64_t u) const { return kHeader + 2 * units_ + u; }
+  MPI_Aint writes_at(std::int64_t u) const { return kHeader + 3 * units_ + u; }
   std::int64_t speculative_claim(std::span<const std::int64_t> held);
 
   mpi::Comm comm_;

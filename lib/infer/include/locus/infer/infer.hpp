@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/comm/queue_progress.hpp"
 #include "locus/infer/scorer.hpp"
 #include "locus/infer/work_queue.hpp"
 
@@ -57,6 +58,11 @@ struct InferOptions {
   bool overwrite = false;              // replace an existing output
   bool incremental = false;            // score only rows beyond the output's watermark
   std::string effective_config;        // recorded in the output
+  // Progress while scoring: every progress_s seconds (0: never) on the ranks given a sink (the
+  // app: rank 0), the queue's counters with the amounts in rows and the total the rows this run
+  // scores (comm::describe words them).
+  double progress_s = 0;
+  comm::ProgressTicker::Sink on_progress;
   // Test and benchmark hooks: the listed ranks of comm compute slow_factor times slower (the
   // compute thread stays busy for (factor - 1) x each batch's compute time, as on a slower CPU)
   // and sleep slow_ms before each unit.

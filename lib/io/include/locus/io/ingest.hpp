@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/comm/queue_progress.hpp"
 #include "locus/comm/work_queue.hpp"
 #include "locus/io/csv.hpp"
 #include "locus/io/dataset_file.hpp"
@@ -47,6 +48,11 @@ struct IngestOptions {
   std::uint64_t unit_bytes = 0;
   comm::Schedule schedule = comm::Schedule::dynamic;  // static_blocks: rank r parses block r
   bool speculate = true;           // idle ranks re-run units still in flight elsewhere
+  // Progress while parsing: every progress_s seconds (0: never) on the ranks given a sink (the
+  // app: rank 0), the queue's counters with the amounts in rows parsed (the total is not known
+  // ahead for CSV, so none is given; comm::describe words them).
+  double progress_s = 0;
+  comm::ProgressTicker::Sink on_progress;
 };
 
 // What one rank did in the parse phase; runs are counted when started.
