@@ -3,6 +3,7 @@
 // model file PyTorch can load.
 #include <fmt/format.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -162,8 +163,13 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     return std::move(*g);
   }();
   // The directories of the model and metrics files are created (as the metrics file's always
-  // was); a second job writing either file is then refused here, before it trains (an earlier
-  // instance of this Slurm job is waited for). Held until the run ends.
+  // was; a Prometheus file's must exist: node_exporter's textfile directory); a second job
+  // writing any of the three files is then refused here, before it trains (an earlier instance
+  // of this Slurm job is waited for). Held until the run ends.
+  const std::array<std::pair<std::string, const char*>, 3> outputs{
+      {{settings.output, "train.output"},
+       {settings.metrics, "train.metrics"},
+       {settings.prometheus, "train.prometheus"}}};
   mpi::agree_on(grid.world(), [&] {
     const auto same_file = [](const std::string& a, const std::string& b) {
       if (a.empty() || b.empty()) return false;
@@ -172,14 +178,18 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
       const auto full_b = std::filesystem::weakly_canonical(std::filesystem::absolute(b), ec_b);
       return ec_a || ec_b ? a == b : full_a == full_b;
     };
-    if (same_file(settings.output, settings.metrics)) {
-      throw ConfigError(fmt::format("train.output = '{}' and train.metrics = '{}' name one "
-                                    "file: the model would overwrite the metrics; give them "
-                                    "different paths", settings.output, settings.metrics));
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      for (std::size_t j = i + 1; j < outputs.size(); ++j) {
+        if (same_file(outputs[i].first, outputs[j].first)) {
+          throw ConfigError(fmt::format("{} = '{}' and {} = '{}' name one file: one would "
+                                        "overwrite the other; give them different paths",
+                                        outputs[i].second, outputs[i].first, outputs[j].second,
+                                        outputs[j].first));
+        }
+      }
     }
     if (!grid.world().is_root()) return;
-    for (const auto& [path, key] : {std::pair{settings.output, "train.output"},
-                                    std::pair{settings.metrics, "train.metrics"}}) {
+    for (const auto& [path, key] : {outputs[0], outputs[1]}) {
       const std::filesystem::path dir = std::filesystem::path(path).parent_path();
       std::error_code ec;
       if (!dir.empty()) std::filesystem::create_directories(dir, ec);
@@ -189,6 +199,7 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
                                   ec.message()));
       }
     }
+    if (!settings.prometheus.empty()) train::telemetry::check_prometheus_dir(settings.prometheus);
   });
   // How long taking the locks took (the metrics file's run line): mostly the wait for an
   // earlier instance of this Slurm job that still held them, milliseconds otherwise.
@@ -199,13 +210,12 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     take();
     locking += Clock::now() - began;
   };
-  std::optional<io::OutputLock> model_lock, metrics_lock;
-  const auto lock = [&](const std::string& path, const char* key) {
-    return io::OutputLock::acquire(grid.world(), path, key, say);
-  };
+  std::array<std::optional<io::OutputLock>, outputs.size()> locks;  // the model's first
   timed([&] {
-    if (!settings.output.empty()) model_lock.emplace(lock(settings.output, "train.output"));
-    if (!settings.metrics.empty()) metrics_lock.emplace(lock(settings.metrics, "train.metrics"));
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      const auto& [path, key] = outputs[i];
+      if (!path.empty()) locks[i].emplace(io::OutputLock::acquire(grid.world(), path, key, say));
+    }
   });
   std::optional<train::Trainer> trainer(std::in_place, grid, opts);
   // The checkpoint directory's lock is taken here, with the dataset's identity (attributes).
@@ -308,7 +318,7 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
     info.dataset = opts.data.path;
     info.config = config.effective_ini();
     comm::progress("writing the model file {} (collective)", settings.output);
-    train::write_model_file(grid.world(), settings.output, model, info, &*model_lock);
+    train::write_model_file(grid.world(), settings.output, model, info, &*locks[0]);
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   progress.summary(opts, summary, settings.output, wall);

@@ -4,8 +4,8 @@ to do, without touching the directory, while the first goes on; after the first 
 after SIGTERM) or is SIGKILLed, a new job takes the directory and resumes its checkpoints; a
 requeued Slurm job (the same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) waits for its
 predecessor instead of failing;
-locus-ckpt's read-only commands ignore the lock. A job writing the running one's model or
-metrics file is refused alike (the output lock, io::OutputLock)."""
+locus-ckpt's read-only commands ignore the lock. A job writing the running one's model,
+metrics or Prometheus file is refused alike (the output lock, io::OutputLock)."""
 import json
 import os
 import signal
@@ -142,13 +142,17 @@ def test_requeued_job_waits_for_its_predecessor(r, tmp):
 def test_a_job_writing_the_running_ones_model_or_metrics_is_refused(r, tmp):
     prepare(r, tmp)
     holder_args = [a for a in HOLDER if not a.startswith("--train.metrics")]
-    holder = start_holder(r, tmp, "4001", holder_args + ["--train.metrics=holder.jsonl"])
+    holder = start_holder(r, tmp, "4001", holder_args + ["--train.metrics=holder.jsonl",
+                                                         "--train.prometheus=holder.prom"])
     try:
         for key, args in (("train.output", ["--train.output=holder.h5", "--train.metrics="]),
                           ("train.metrics", ["--train.output=b.h5",
-                                             "--train.metrics=holder.jsonl"])):
+                                             "--train.metrics=holder.jsonl"]),
+                          ("train.prometheus", ["--train.output=b.h5", "--train.metrics=",
+                                                "--train.prometheus=holder.prom"])):
             p = train(r, tmp, "--checkpoint.dir=ck2", *args, env={"SLURM_JOB_ID": "4002"})
-            path = "holder.h5" if key == "train.output" else "holder.jsonl"
+            path = {"train.output": "holder.h5", "train.metrics": "holder.jsonl",
+                    "train.prometheus": "holder.prom"}[key]
             expect_exit(p, EXIT_CONFIG, f"output '{path}' ({key}) is being written by another "
                         "job", "Slurm job 4001", "Wait until Slurm job 4001 ends")
             check("epoch" not in p.stdout, "the refused job trained", p)
@@ -156,18 +160,24 @@ def test_a_job_writing_the_running_ones_model_or_metrics_is_refused(r, tmp):
                 check(not os.path.exists(os.path.join(tmp, name)),
                       f"the refused job wrote {name}", p)
         check(holder.poll() is None, "the holder stopped")
+        with open(os.path.join(tmp, "holder.prom")) as f:
+            # A refused job that had written it would have left "running 0" on its way out.
+            check("locus_train_running 1" in f.read(), "the holder's Prometheus file says it "
+                  "stopped: a refused job wrote it")
     finally:
         stop(holder)  # SIGKILL: the model was never written; the locks go with the ranks
     q = train(r, tmp, "--checkpoint.dir=ck2", "--train.output=holder.h5",
-              "--train.metrics=holder.jsonl", env={"SLURM_JOB_ID": "4003"})
+              "--train.metrics=holder.jsonl", "--train.prometheus=holder.prom",
+              env={"SLURM_JOB_ID": "4003"})
     expect_exit(q, 0)
     check(os.path.exists(os.path.join(tmp, "holder.h5")), "the next job wrote no model", q)
-    # One file for both keys is refused before anything is written.
-    p = train(r, tmp, "--checkpoint.dir=ck3", "--train.output=same.h5", "--train.metrics=./same.h5")
-    expect_exit(p, EXIT_CONFIG, "train.output = 'same.h5' and train.metrics = './same.h5' name one "
-                "file")
-    check(not os.path.exists(os.path.join(tmp, "ck3")), "the refused job created ck3", p)
-
+    # One file for two keys is refused before anything is written.
+    for a, b in ((("train.output", "same.h5"), ("train.metrics", "./same.h5")),
+                 (("train.metrics", "m.jsonl"), ("train.prometheus", "m.jsonl"))):
+        p = train(r, tmp, "--checkpoint.dir=ck3", "--train.output=", "--train.metrics=",
+                  f"--{a[0]}={a[1]}", f"--{b[0]}={b[1]}")
+        expect_exit(p, EXIT_CONFIG, f"{a[0]} = '{a[1]}' and {b[0]} = '{b[1]}' name one file")
+        check(not os.path.exists(os.path.join(tmp, "ck3")), "the refused job created ck3", p)
 
 if __name__ == "__main__":
     main([test_second_job_is_refused_and_the_first_goes_on,

@@ -285,6 +285,23 @@ std::string prometheus_text(const StepMetrics* step, const std::vector<RankSampl
   return out;
 }
 
+namespace {
+
+[[noreturn]] void prometheus_fail(const std::string& path, int err) {
+  throw IoError(fmt::format("cannot write the Prometheus file '{}': {}; set train.prometheus "
+                            "to a writable path (a node_exporter textfile directory), or to "
+                            "empty to disable it",
+                            path, std::strerror(err)));
+}
+
+}  // namespace
+
+void check_prometheus_dir(const std::string& path) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  const std::string d = dir.empty() ? "." : dir.string();
+  if (::access(d.c_str(), W_OK | X_OK) != 0) prometheus_fail(path, errno);
+}
+
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::filesystem::path p(path);
   const std::filesystem::path tmp =
@@ -304,10 +321,7 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   }
   if (!ok) {
     std::remove(tmp.c_str());
-    throw IoError(fmt::format("cannot write the Prometheus file '{}': {}; set train.prometheus "
-                              "to a writable path (a node_exporter textfile directory), or to "
-                              "empty to disable it",
-                              path, std::strerror(err)));
+    prometheus_fail(path, err);
   }
 }
 

@@ -96,6 +96,11 @@ std::string prometheus_text(const StepMetrics* step, const std::vector<RankSampl
 // naming the file on failure.
 void write_file_atomically(const std::string& path, const std::string& text);
 
+// Local: the IoError write_file_atomically would give unless this process may create files in
+// the directory of the Prometheus file `path`; checked before the file's lock is taken (the
+// lock file lies beside it).
+void check_prometheus_dir(const std::string& path);
+
 struct TelemetryOptions {
   bool enabled = true;     // train.telemetry: sample the ranks (telemetry lines, the per-rank
                            // series of the Prometheus file)
