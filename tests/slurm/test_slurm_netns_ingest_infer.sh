@@ -14,7 +14,7 @@
 # JobRequeue=1, Slurm's default). Each rerun lands on nodes that are up and starts again from
 # nothing (nothing was published: a full run publishes atomically). IB's and SB's reruns find
 # their output's lock held by the stranded rank 0 (Slurm cannot reach its node to end it) and
-# wait, saying so, until that rank's watchdog (60 s here) ends it. Every rerun publishes
+# wait, saying so, until that rank's watchdog (90 s here) ends it. Every rerun publishes
 # exactly what an uninterrupted run does: the datasets bit for bit the one a plain 2-rank
 # ingest writes, the prediction files bit for bit a plain 2-rank scoring's, no temporary file
 # left. Then the links come back and the nodes return to service with no rank of any job left.
@@ -76,10 +76,11 @@ OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BI
   slurm_fail "the reference scoring failed: $(cat ref-infer.log)"
 
 # The jobs on whole nodes, so that they never share one; the scripts as a user submits them.
-# IB and SB, which lose their batch node, watch for progress every 60 s: their stranded rank 0
-# ends that long after its last progress, well after their reruns start (25-50 s after the cut,
-# the later when they wait for nodes I's and S's reruns hold) -- so the reruns must wait.
-readonly batch_watchdog=60
+# IB and SB, which lose their batch node, have a watchdog of 90 s: their stranded rank 0 ends
+# that long after its last progress -- at least 90 s after the cut, about 110 s as its ranks
+# 0,1 parse or score what is left first --, well after their reruns start (48-65 s after the
+# cut, once I's and S's reruns free the nodes they wait for), so the reruns must wait.
+readonly batch_watchdog=90
 declare -A job app output key
 for name in I IB; do
   extra=()
