@@ -141,6 +141,14 @@ comm::ProgressTicker::Sink progress_printer(const mpi::Comm& comm, std::string v
   };
 }
 
+void add_prometheus_option(Config& c, const std::string& key, std::string& target) {
+  c.add(key, target,
+        "Prometheus text file rank 0 rewrites (temporary file + rename) with every progress "
+        "line and when the job ends: units and rows done, rate, time left, re-runs, for "
+        "node_exporter's textfile collector (empty: none); its directory must exist, and the "
+        "job holds the file's output lock: a second job naming it is refused");
+}
+
 const std::vector<std::string>& pipeline_sections() {
   static const std::vector<std::string> sections{"data",  "ingest", "gates",      "model",
                                                  "optim", "train",  "loader",     "eval",

@@ -15,10 +15,6 @@
 #include "locus/comm/mpi.hpp"
 #include "locus/comm/queue_progress.hpp"
 
-namespace locus::mpi {
-class Comm;
-}
-
 namespace locus::app {
 
 class Config {
@@ -91,6 +87,9 @@ void add_progress_option(Config& c, const std::string& key, double& target);
 // Rank 0's printer of those lines ("<verb>: ..." on stdout, flushed); empty on other ranks.
 comm::ProgressTicker::Sink progress_printer(const mpi::Comm& comm, std::string verb,
                                             std::string measure);
+// `<app section>.prometheus`: the Prometheus file of locus-infer and locus-ingest
+// (io::ProgressFile), rewritten with every progress line.
+void add_prometheus_option(Config& c, const std::string& key, std::string& target);
 
 // Every section of the pipeline config file, across all apps.
 const std::vector<std::string>& pipeline_sections();

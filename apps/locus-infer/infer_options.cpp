@@ -37,6 +37,7 @@ void InferSettings::register_options(Config& c) {
         in_range(std::int64_t{1}, std::int64_t{1024}));
   add_watchdog_option(c, "infer.watchdog_s", watchdog_s);
   add_progress_option(c, "infer.progress_s", progress_s);
+  add_prometheus_option(c, "infer.prometheus", prometheus);
   c.add_choice("infer.backend", backend, {"cpu", "cuda"},
                "where the forward passes run (cpu: OpenBLAS; cuda: one GPU per rank, the "
                "training backend's kernels, softmax/argmax/top-k on the device, in builds with "

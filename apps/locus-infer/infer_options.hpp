@@ -11,6 +11,7 @@ namespace locus::app {
 
 struct InferSettings {
   std::string model, input, features = "/features", labels = "/labels", output, report;
+  std::string prometheus;
   std::string outputs = "auto", slow_ranks, schedule = "dynamic", backend = "cpu",
               precision = "fp32";
   std::int64_t top_k = 0, batch_rows = 256, unit_rows = 0, read_rows = 0, read_threads = 0,

@@ -10,6 +10,7 @@
 #include "locus/comm/app.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/infer/infer.hpp"
+#include "locus/io/progress_file.hpp"
 
 namespace {
 
@@ -73,8 +74,18 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     const locus::comm::Watchdog watchdog(settings.watchdog_s, "infer.watchdog_s");
-    opts.on_progress = locus::app::progress_printer(world, "scoring", "rows");
+    locus::io::ProgressFile prometheus(world, settings.prometheus, "infer.prometheus", "infer");
+    if (world.is_root()) {
+      opts.on_progress = [&, print = locus::app::progress_printer(world, "scoring", "rows")](
+                             const locus::comm::QueueProgress& p) {
+        print(p);
+        prometheus.update(p);
+      };
+    }
     const auto result = locus::infer::run_inference(world, opts);
+    const auto rows = static_cast<std::int64_t>(result.row_end - result.row_begin);
+    prometheus.finish({{result.units, result.units, rows, result.speculative_runs}, rows,
+                       result.seconds});
     if (world.is_root()) print_summary(opts, result);
     return locus::exit_code::ok;
   });

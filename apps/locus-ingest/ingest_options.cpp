@@ -35,6 +35,7 @@ void IngestSettings::register_options(Config& c) {
         });
   add_watchdog_option(c, "ingest.watchdog_s", watchdog_s);
   add_progress_option(c, "ingest.progress_s", progress_s);
+  add_prometheus_option(c, "ingest.prometheus", prometheus);
   c.add("ingest.unit_bytes", unit_bytes,
         "input bytes per work unit handed out to the ranks (IDX: whole records of the "
         "decompressed data; 0: 1/64 of the input, between 1 MiB and 16 MiB); the statistics "

@@ -14,7 +14,7 @@ struct IngestSettings {
   // [ingest]
   std::string source = "idx";
   std::string images, labels, csv, csv_label, csv_features, csv_delimiter = ",";
-  std::string output, report, normalize = "none", compression = "none";
+  std::string output, report, normalize = "none", compression = "none", prometheus;
   std::int64_t num_classes = 0, chunk_rows = 0, unit_bytes = 0;
   std::string schedule = "dynamic";
   bool speculate = true;

@@ -9,6 +9,7 @@
 #include "locus/comm/app.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/io/ingest.hpp"
+#include "locus/io/progress_file.hpp"
 
 namespace {
 
@@ -93,8 +94,22 @@ int main(int argc, char** argv) {
       return locus::exit_code::ok;
     }
     const locus::comm::Watchdog watchdog(settings.watchdog_s, "ingest.watchdog_s");
-    opts.on_progress = locus::app::progress_printer(world, "parsing", "rows");
+    locus::io::ProgressFile prometheus(world, settings.prometheus, "ingest.prometheus", "ingest");
+    if (world.is_root()) {
+      opts.on_progress = [&, print = locus::app::progress_printer(world, "parsing", "rows")](
+                             const locus::comm::QueueProgress& p) {
+        print(p);
+        prometheus.update(p);
+      };
+    }
     const auto result = locus::io::run_ingest(world, opts);
+    std::int64_t rows = 0, reruns = 0;
+    for (const auto& r : result.schedule.per_rank) {
+      rows += r.rows;
+      reruns += r.reruns;
+    }
+    prometheus.finish({{result.schedule.units, result.schedule.units, rows, reruns}, 0,
+                       result.seconds_parse});
     if (world.is_root()) print_summary(opts, result, world.size());
     return locus::exit_code::ok;
   });

@@ -65,7 +65,8 @@ def progress_lines(proc, prefix, pattern, interval):
     """The lines of proc's stdout that start with prefix, each matched by pattern (a compiled
     regex with groups `won` and `secs`), checked as one printer's every `interval` seconds of a
     run several intervals long: at least two; the first after one interval; each later than the
-    one before, whose units done it never undercuts. Returns the matches."""
+    one before (below 10 s, where the time has a decimal), whose units done it never undercuts.
+    Returns the matches."""
     lines = [l for l in proc.stdout.splitlines() if l.startswith(prefix)]
     check(len(lines) >= 2, f"expected a progress line every {interval} s, got {len(lines)}", proc)
     matches = []
@@ -74,14 +75,43 @@ def progress_lines(proc, prefix, pattern, interval):
         check(m is not None, f"progress line not as documented: {line!r}", proc)
         if matches:
             prev = matches[-1]
-            check(float(m["secs"]) > float(prev["secs"]), "two lines at the same time (more "
-                  f"than one rank prints?): {prev[0]!r} then {line!r}", proc)
+            secs, before = float(m["secs"]), float(prev["secs"])
+            check(secs > before or (secs == before and secs >= 10), "two lines at the same "
+                  f"time (more than one rank prints?): {prev[0]!r} then {line!r}", proc)
             check(int(m["won"]) >= int(prev["won"]),
                   f"units done went back: {prev[0]!r} then {line!r}", proc)
         matches.append(m)
     check(float(matches[0]["secs"]) >= interval,
           f"the first line came before its interval: {lines[0]!r}", proc)
     return matches
+
+
+def whole_units(rows, won, unit_rows, ranks):
+    """Whether `rows` done are whole units' rows and agree with the `won` units done. The two
+    counters are read together but each atomically on its own (WorkQueue::counts): a win in
+    flight on each rank may be counted in one and not yet in the other."""
+    return rows % unit_rows == 0 and abs(rows - unit_rows * won) <= unit_rows * ranks
+
+
+def prometheus_values(text):
+    """Metric name -> value of a Prometheus text file's samples (labels are not expected),
+    checking the exposition format as node_exporter reads it: every sample after its family's
+    `# HELP` and `# TYPE` (gauge or counter) lines, one sample per family."""
+    values, helped, typed = {}, set(), set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            helped.add(line.split(" ")[2])
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            check(kind in ("gauge", "counter"), f"{name}: type {kind!r}")
+            check(name in helped, f"# TYPE of {name} before its # HELP")
+            typed.add(name)
+        elif line:
+            name, value = line.split(" ")
+            check(name in typed and name not in values, f"sample {line!r} without its own # TYPE")
+            values[name] = float(value)
+    check(text.endswith("\n"), "the file does not end with a newline")
+    return values
 
 
 def read_dataset(path):

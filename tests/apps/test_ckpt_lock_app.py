@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 
-from apphelpers import check, expect_exit, main
+from apphelpers import check, expect_exit, main, suspended
 from test_resume_app import BASE, EXIT_CONFIG, EXIT_REQUEUE, launch_command, latest, prepare
 from test_resume_app import rank_pids, train, wait_for
 
@@ -139,31 +139,35 @@ def test_requeued_job_waits_for_its_predecessor(r, tmp):
           f"the run line does not say the run waited 1 s or more for its locks: {run}")
 
 
-def test_a_job_writing_the_running_ones_model_or_metrics_is_refused(r, tmp):
+def test_a_job_writing_the_running_ones_outputs_is_refused(r, tmp):
     prepare(r, tmp)
     holder_args = [a for a in HOLDER if not a.startswith("--train.metrics")]
     holder = start_holder(r, tmp, "4001", holder_args + ["--train.metrics=holder.jsonl",
                                                          "--train.prometheus=holder.prom"])
+    prom = os.path.join(tmp, "holder.prom")
     try:
-        for key, args in (("train.output", ["--train.output=holder.h5", "--train.metrics="]),
-                          ("train.metrics", ["--train.output=b.h5",
-                                             "--train.metrics=holder.jsonl"]),
-                          ("train.prometheus", ["--train.output=b.h5", "--train.metrics=",
-                                                "--train.prometheus=holder.prom"])):
-            p = train(r, tmp, "--checkpoint.dir=ck2", *args, env={"SLURM_JOB_ID": "4002"})
-            path = {"train.output": "holder.h5", "train.metrics": "holder.jsonl",
-                    "train.prometheus": "holder.prom"}[key]
-            expect_exit(p, EXIT_CONFIG, f"output '{path}' ({key}) is being written by another "
-                        "job", "Slurm job 4001", "Wait until Slurm job 4001 ends")
-            check("epoch" not in p.stdout, "the refused job trained", p)
-            for name in ("ck2", "b.h5"):
-                check(not os.path.exists(os.path.join(tmp, name)),
-                      f"the refused job wrote {name}", p)
+        # The holder stands still while the others try (it rewrites its Prometheus file every
+        # log interval): its files must be exactly as it left them.
+        with suspended(holder, r.ranks):
+            with open(prom, "rb") as f:
+                before = f.read()
+            for key, args in (("train.output", ["--train.output=holder.h5", "--train.metrics="]),
+                              ("train.metrics", ["--train.output=b.h5",
+                                                 "--train.metrics=holder.jsonl"]),
+                              ("train.prometheus", ["--train.output=b.h5", "--train.metrics=",
+                                                    "--train.prometheus=holder.prom"])):
+                p = train(r, tmp, "--checkpoint.dir=ck2", *args, env={"SLURM_JOB_ID": "4002"})
+                path = {"train.output": "holder.h5", "train.metrics": "holder.jsonl",
+                        "train.prometheus": "holder.prom"}[key]
+                expect_exit(p, EXIT_CONFIG, f"output '{path}' ({key}) is being written by "
+                            "another job", "Slurm job 4001", "Wait until Slurm job 4001 ends")
+                check("epoch" not in p.stdout, "the refused job trained", p)
+                for name in ("ck2", "b.h5"):
+                    check(not os.path.exists(os.path.join(tmp, name)),
+                          f"the refused job wrote {name}", p)
+            with open(prom, "rb") as f:
+                check(f.read() == before, "a refused job rewrote the holder's Prometheus file")
         check(holder.poll() is None, "the holder stopped")
-        with open(os.path.join(tmp, "holder.prom")) as f:
-            # A refused job that had written it would have left "running 0" on its way out.
-            check("locus_train_running 1" in f.read(), "the holder's Prometheus file says it "
-                  "stopped: a refused job wrote it")
     finally:
         stop(holder)  # SIGKILL: the model was never written; the locks go with the ranks
     q = train(r, tmp, "--checkpoint.dir=ck2", "--train.output=holder.h5",
@@ -183,4 +187,4 @@ if __name__ == "__main__":
     main([test_second_job_is_refused_and_the_first_goes_on,
           test_killed_holder_leaves_no_stale_lock,
           test_requeued_job_waits_for_its_predecessor,
-          test_a_job_writing_the_running_ones_model_or_metrics_is_refused])
+          test_a_job_writing_the_running_ones_outputs_is_refused])

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from apphelpers import (FASHION, check, expect_exit, hold_lock_file, lock_is_free, lock_path, main,
-                        no_outputs, progress_lines, suspended)
+                        no_outputs, progress_lines, prometheus_values, suspended, whole_units)
 
 EXIT_CONFIG, EXIT_DATA = 2, 3
 DATASETS = ("scores", "predicted", "topk_classes", "topk_scores")
@@ -563,12 +563,74 @@ def test_progress_lines_while_scoring(r, tmp):
     for m in progress_lines(p, "scoring:", PROGRESS, 0.3):
         won, units, rows, total, pct = (int(m[i]) for i in range(1, 6))
         check(units == 20 and total == 10000, f"totals: {m[0]!r}", p)
-        check(rows == 500 * won, f"rows are whole units' rows: {m[0]!r}", p)
+        check(whole_units(rows, won, 500, r.ranks), f"rows are whole units' rows: {m[0]!r}", p)
         check(pct == round(100 * rows / total), f"share: {m[0]!r}", p)
     # infer.progress_s = 0: none, as a short run's default (30 s).
     p = infer(r, model, test, out, "--infer.unit_rows=500", "--infer.progress_s=0", "--overwrite")
     expect_exit(p, 0)
     check("scoring:" not in p.stdout, "infer.progress_s = 0 printed a progress line", p)
+
+
+def test_prometheus_file_follows_the_scoring(r, tmp):
+    """infer.prometheus: rank 0 writes the file at the start (running, no figures yet), with
+    every progress report (units and rows done, whole units' rows, only growing) and a last
+    time when the job ends (not running, everything done). The job holds the file's lock: a second job naming it is refused
+    while the first runs. An unwritable directory is exit 5 before anything is scored."""
+    test, _, _ = ingest_fashion_test(r, tmp)
+    model = write_model(os.path.join(tmp, "m.h5"), [784, 32, 10], seed=5)
+    out, prom = os.path.join(tmp, "s.h5"), os.path.join(tmp, "job.prom")
+    slow = ",".join(str(i) for i in range(r.ranks))
+    job = r.start("locus-infer", f"--infer.model={model}", f"--infer.input={test}",
+                  f"--infer.output={out}", "--infer.unit_rows=500", f"--infer.slow_ranks={slow}",
+                  f"--infer.slow_ms={150 * r.ranks}", "--infer.progress_s=0.2",
+                  f"--infer.prometheus={prom}")
+    seen, refused = [], None
+    try:
+        while job.poll() is None:
+            if os.path.exists(prom):  # replaced whole (rename): never half written
+                with open(prom) as f:
+                    seen.append(prometheus_values(f.read()))
+            if refused is None and seen and 0 < seen[-1].get("locus_infer_rows_done", 0) < 10000:
+                # Mid-run (and kept so while the second job runs): the file is the first's.
+                with suspended(job, r.ranks):
+                    refused = infer(r, model, test, os.path.join(tmp, "other.h5"),
+                                    f"--infer.prometheus={prom}")
+            time.sleep(0.05)
+        stdout, stderr = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    check(job.returncode == 0, f"the job failed: {stdout}{stderr}")
+    check(refused is not None, f"never saw the file mid-run: {seen}")
+    expect_exit(refused, 2, f"output '{prom}' (infer.prometheus) is being written by another job")
+    check(not os.path.exists(os.path.join(tmp, "other.h5")), "the refused job scored")
+    with open(prom) as f:
+        final = prometheus_values(f.read())
+    # The first version, before the first report, has only the job's state; the others all.
+    for v in seen:
+        if "locus_infer_units" not in v:
+            check(set(v) == {"locus_infer_running", "locus_infer_last_update_timestamp_seconds"}
+                  and v["locus_infer_running"] == 1, f"the first version: {v}")
+            continue
+        check(v["locus_infer_units"] == 20 and v["locus_infer_rows"] == 10000, f"totals: {v}")
+        check(whole_units(v["locus_infer_rows_done"], v["locus_infer_units_done"], 500, r.ranks),
+              f"rows are whole units' rows: {v}")
+    running = [v for v in seen if v["locus_infer_running"] == 1 and "locus_infer_units" in v]
+    check(len(running) >= 2, f"expected the file rewritten while the job ran: {seen}")
+    done = [v["locus_infer_rows_done"] for v in running]
+    check(done == sorted(done), f"rows done went back: {done}")
+    check(final["locus_infer_running"] == 0 and final["locus_infer_units_done"] == 20 and
+          final["locus_infer_rows_done"] == 10000 and "locus_infer_seconds_left" not in final,
+          f"the last version: {final}")
+    check(final["locus_infer_reruns_total"] == report(out)["speculative_runs"],
+          f"re-runs: {final} vs the report's {report(out)['speculative_runs']}")
+    # A directory that is not there: exit 5 on every rank, naming the file and the key.
+    never = os.path.join(tmp, "never.h5")
+    p = infer(r, model, test, never, f"--infer.prometheus={tmp}/no/such/dir/job.prom")
+    expect_exit(p, 5, f"cannot write the Prometheus file '{tmp}/no/such/dir/job.prom'",
+                "set infer.prometheus to a writable path")
+    check(not os.path.exists(never), "a job refused for its Prometheus file scored", p)
 
 
 # Rank-independent checks (the model format against PyTorch, argument and input errors) run at
@@ -587,6 +649,7 @@ if __name__ == "__main__":
            test_checkpoint_plain_input_and_regression_models,
            test_bad_inputs_give_clear_errors_and_no_output,
            test_a_second_job_writing_the_output_is_refused,
-           test_cuda_backend_where_it_cannot_run, test_progress_lines_while_scoring]
+           test_cuda_backend_where_it_cannot_run, test_progress_lines_while_scoring,
+           test_prometheus_file_follows_the_scoring]
     RANKS = int(sys.argv[2])
     main([t for t in ALL if RANKS == 2 or t.__name__ not in AT_2_RANKS_ONLY])

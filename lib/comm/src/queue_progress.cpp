@@ -14,12 +14,23 @@ std::string human_seconds(double seconds) {
   return fmt::format("{:.1f} h", seconds / 3600);
 }
 
+double done_share(const QueueProgress& p) {
+  const WorkQueue::Counts& c = p.counts;
+  if (p.total_amount > 0) {
+    return static_cast<double>(c.amount) / static_cast<double>(p.total_amount);
+  }
+  return c.units > 0 ? static_cast<double>(c.won) / static_cast<double>(c.units) : 1.0;
+}
+
+double seconds_left(const QueueProgress& p) {
+  const double share = done_share(p);
+  if (share <= 0) return -1;
+  return share >= 1 ? 0 : p.seconds * (1 - share) / share;
+}
+
 std::string describe(const QueueProgress& p, std::string_view verb, std::string_view measure) {
   const WorkQueue::Counts& c = p.counts;
-  const double share =
-      p.total_amount > 0 ? static_cast<double>(c.amount) / static_cast<double>(p.total_amount)
-      : c.units > 0      ? static_cast<double>(c.won) / static_cast<double>(c.units)
-                         : 1.0;
+  const double share = done_share(p);
   std::string line = fmt::format("{}: {} of {} units, ", verb, c.won, c.units);
   if (p.total_amount > 0) {
     line += fmt::format("{} of {} {} ({:.0f}%)", c.amount, p.total_amount, measure, 100 * share);
@@ -30,7 +41,7 @@ std::string describe(const QueueProgress& p, std::string_view verb, std::string_
                       p.seconds > 0 ? static_cast<double>(c.amount) / p.seconds : 0.0, measure);
   if (c.reruns > 0) line += fmt::format(", {} re-run{}", c.reruns, c.reruns == 1 ? "" : "s");
   if (share > 0 && share < 1) {
-    line += fmt::format("; about {} left", human_seconds(p.seconds * (1 - share) / share));
+    line += fmt::format("; about {} left", human_seconds(seconds_left(p)));
   } else if (share <= 0) {
     line += "; no unit finished yet";
   }

@@ -94,7 +94,8 @@ class UnitLoop {
  public:
   UnitLoop(const mpi::Comm& comm, UnitSource& src, const UnitLoopOptions& opts)
       : src_(src), opts_(opts), queue_(comm, src.units(), opts.speculate, 2, opts.schedule),
-        ticker_(opts.progress_s, 0, opts.on_progress), slow_(test_hook_slowdown("ingest-unit")), d_(static_cast<std::size_t>(src.header().cols)) {
+        ticker_(opts.progress_s, 0, opts.on_progress), slow_(test_hook_slowdown("ingest-unit")),
+        d_(static_cast<std::size_t>(src.header().cols)) {
     table_ = src.header();
   }
 

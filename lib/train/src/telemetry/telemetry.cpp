@@ -20,6 +20,7 @@
 #include "locus/comm/error.hpp"
 #include "locus/config.hpp"
 #include "locus/io/json.hpp"
+#include "locus/io/text_file.hpp"
 #if LOCUS_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -297,32 +298,11 @@ namespace {
 }  // namespace
 
 void check_prometheus_dir(const std::string& path) {
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  const std::string d = dir.empty() ? "." : dir.string();
-  if (::access(d.c_str(), W_OK | X_OK) != 0) prometheus_fail(path, errno);
+  if (const int err = io::directory_writable(path)) prometheus_fail(path, err);
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::filesystem::path p(path);
-  const std::filesystem::path tmp =
-      p.parent_path() / fmt::format(".{}.{}.locus-tmp", p.filename().string(), ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  bool ok = f != nullptr;
-  int err = errno;
-  if (ok) {
-    ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    err = errno;
-    ok = (std::fclose(f) == 0) && ok;
-    if (ok) err = errno;
-  }
-  if (ok && std::rename(tmp.c_str(), p.c_str()) != 0) {
-    err = errno;
-    ok = false;
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    prometheus_fail(path, err);
-  }
+  if (const int err = io::replace_file(path, text)) prometheus_fail(path, err);
 }
 
 Telemetry::Telemetry(const mpi::Comm& comm, TelemetryOptions options, JsonlMetrics* sink)

@@ -2,7 +2,7 @@
 // the person watching the job: every interval, rank 0 reads the queue's counters (one-sided,
 // a few bytes) and hands them to the app, which prints a line such as
 //   scoring: 12 of 40 units, 98304 of 327680 rows (30%) in 35 s, 2809 rows/s, 1 re-run; about
-//   1.4 min left
+//   82 s left
 // The ticker is polled from the loop that drives the queue (and from the wait at its end), so
 // it costs a clock read per poll and nothing on the ranks without a sink.
 #pragma once
@@ -22,6 +22,14 @@ struct QueueProgress {
   std::int64_t total_amount = 0;  // of all units together (0: not known ahead, e.g. CSV rows)
   double seconds = 0;             // since the ticker started
 };
+
+// The share of the work done: of the amounts when the total is known, else of the units (1
+// for a queue without units).
+double done_share(const QueueProgress& p);
+
+// The seconds left if the rate so far holds; negative when that cannot be said (nothing done
+// yet) and 0 once everything is done.
+double seconds_left(const QueueProgress& p);
 
 // "<verb>: <won> of <units> units, <amount> of <total> <measure> (<pct>%) in <t>, <rate>
 // <measure>/s[, <n> re-runs]; about <t> left". The share and the time left come from the

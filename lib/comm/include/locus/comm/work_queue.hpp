@@ -74,7 +74,9 @@ class WorkQueue {
     std::int64_t amount = 0;  // the sum of the won units' amounts (try_win)
     std::int64_t reruns = 0;  // speculative re-runs started so far
   };
-  // Local (one-sided, one read of rank 0's header): the counters as they stand now.
+  // Local (one-sided, one read of rank 0's header): the counters as they stand now. Each is
+  // exact, but MPI makes accumulates atomic element by element only, so a read racing a win
+  // may see its unit counted in `won` and not yet in `amount`, or the other way round.
   Counts counts();
 
   struct Summary {

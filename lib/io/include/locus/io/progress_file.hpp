@@ -1,0 +1,51 @@
+// The Prometheus file of a job over a work queue -- locus-infer's `infer.prometheus`,
+// locus-ingest's `ingest.prometheus` -- for node_exporter's textfile collector, so a site's
+// dashboards follow a scoring or an ingest as they follow a training (train.prometheus). Rank 0
+// rewrites it whole (io::replace_file) at the start, with every progress report
+// (comm::ProgressTicker) and a last time when the job ends, then saying it no longer runs. The
+// job holds the file's output lock, so a second job naming it is refused.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "locus/comm/mpi.hpp"
+#include "locus/comm/queue_progress.hpp"
+#include "locus/io/publish.hpp"
+
+namespace locus::io {
+
+class ProgressFile {
+ public:
+  ProgressFile() = default;  // no file
+  // Collective over comm. path empty: no file. Otherwise checks that rank 0 may create files in
+  // path's directory (an agreed IoError naming `key`, e.g. "infer.prometheus", otherwise), takes
+  // the output lock of path (a ConfigError when another job holds it) and writes the first
+  // version: running, no figures yet. `app` names the series: locus_<app>_... .
+  ProgressFile(const mpi::Comm& comm, std::string path, std::string key, std::string app);
+  ProgressFile(const ProgressFile&) = delete;
+  ProgressFile& operator=(const ProgressFile&) = delete;
+  // Rank 0: the last version (not running) with the last figures, if finish() did not write it.
+  ~ProgressFile();
+
+  // Rank 0 (a no-op elsewhere and without a file): rewrites the file with p. A failed write is
+  // a warning on standard error, once; the file is then no longer updated (the job goes on).
+  void update(const comm::QueueProgress& p);
+  // Rank 0: the last version with the final figures, not running.
+  void finish(const comm::QueueProgress& p);
+
+  // The file's text (Prometheus exposition format 0.0.4): whether the job runs, when, and the
+  // figures of p (none when p is null: before the first report).
+  static std::string text(std::string_view app, const comm::QueueProgress* p, bool running,
+                          double unix_time);
+
+ private:
+  void write(bool running);
+
+  std::string path_, key_, app_;
+  bool root_ = false, ok_ = true, finished_ = true;
+  std::optional<comm::QueueProgress> last_;
+  std::optional<OutputLock> lock_;
+};
+
+}  // namespace locus::io

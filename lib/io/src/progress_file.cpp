@@ -1,0 +1,115 @@
+// A work-queue job's Prometheus file: figures of its progress, rewritten whole by rank 0.
+#include "locus/io/progress_file.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "locus/comm/agree.hpp"
+#include "locus/comm/error.hpp"
+#include "locus/io/text_file.hpp"
+
+namespace locus::io {
+
+namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string failure(const std::string& path, const std::string& key, int err) {
+  return fmt::format("cannot write the Prometheus file '{}': {}; set {} to a writable path (a "
+                     "node_exporter textfile directory), or to empty to disable it",
+                     path, std::strerror(err), key);
+}
+
+}  // namespace
+
+ProgressFile::ProgressFile(const mpi::Comm& comm, std::string path, std::string key,
+                           std::string app)
+    : path_(std::move(path)), key_(std::move(key)), app_(std::move(app)),
+      root_(comm.is_root()) {
+  if (path_.empty()) return;
+  mpi::agree_on(comm, [&] {
+    if (!root_) return;
+    if (const int err = directory_writable(path_)) throw IoError(failure(path_, key_, err));
+  });
+  lock_.emplace(OutputLock::acquire(comm, path_, key_));
+  mpi::agree_on(comm, [&] {
+    if (!root_) return;
+    if (const int err = replace_file(path_, text(app_, nullptr, true, unix_now()))) {
+      throw IoError(failure(path_, key_, err));
+    }
+  });
+  finished_ = false;
+}
+
+ProgressFile::~ProgressFile() {
+  if (!finished_) write(false);
+}
+
+void ProgressFile::update(const comm::QueueProgress& p) {
+  if (path_.empty() || !root_) return;
+  last_ = p;
+  write(true);
+}
+
+void ProgressFile::finish(const comm::QueueProgress& p) {
+  if (path_.empty() || !root_ || finished_) return;
+  last_ = p;
+  write(false);
+  finished_ = true;
+}
+
+void ProgressFile::write(bool running) {
+  if (path_.empty() || !root_ || !ok_) return;
+  const comm::QueueProgress* figures = last_ ? &*last_ : nullptr;
+  if (const int err = replace_file(path_, text(app_, figures, running, unix_now()))) {
+    ok_ = false;
+    std::fprintf(stderr, "warning: %s; it is no longer updated\n",
+                 failure(path_, key_, err).c_str());
+    std::fflush(stderr);
+  }
+}
+
+std::string ProgressFile::text(std::string_view app, const comm::QueueProgress* figures,
+                               bool running, double unix_time) {
+  std::string out;
+  const auto series = [&](std::string_view name, const char* type, std::string_view help,
+                          double v) {
+    if (!std::isfinite(v)) return;
+    out += fmt::format("# HELP locus_{0}_{1} {2}\n# TYPE locus_{0}_{1} {3}\nlocus_{0}_{1} {4}\n",
+                       app, name, help, type, v);
+  };
+  series("running", "gauge", "1 while the job works through its units, 0 once it has stopped.",
+         running ? 1 : 0);
+  series("last_update_timestamp_seconds", "gauge", "Unix time rank 0 last rewrote this file.",
+         unix_time);
+  if (figures == nullptr) return out;
+  const comm::QueueProgress& p = *figures;
+  const comm::WorkQueue::Counts& c = p.counts;
+  series("elapsed_seconds", "gauge", "Seconds since the first unit was handed out.", p.seconds);
+  series("units", "gauge", "Units of work in the job.", static_cast<double>(c.units));
+  series("units_done", "gauge", "Units some rank finished first (their results count).",
+         static_cast<double>(c.won));
+  if (p.total_amount > 0) {
+    series("rows", "gauge", "Rows the job has to do.", static_cast<double>(p.total_amount));
+  }
+  series("rows_done", "gauge", "Rows of the units done.", static_cast<double>(c.amount));
+  series("rows_per_second", "gauge", "Rows done per second since the start.",
+         p.seconds > 0 ? static_cast<double>(c.amount) / p.seconds : 0.0);
+  series("reruns_total", "counter", "Speculative re-runs of units started on idle ranks.",
+         static_cast<double>(c.reruns));
+  if (running && comm::seconds_left(p) >= 0) {
+    series("seconds_left", "gauge", "Seconds left if the rate so far holds.",
+           comm::seconds_left(p));
+  }
+  return out;
+}
+
+}  // namespace locus::io
