@@ -214,7 +214,11 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   timed([&] {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       const auto& [path, key] = outputs[i];
-      if (!path.empty()) locks[i].emplace(io::OutputLock::acquire(grid.world(), path, key, say));
+      // The Prometheus file is rank 0's alone, in its node's node_exporter directory.
+      const auto writer = i == 2 ? io::OutputLock::Writer::rank_0 : io::OutputLock::Writer::every_rank;
+      if (!path.empty()) {
+        locks[i].emplace(io::OutputLock::acquire(grid.world(), path, key, say, writer));
+      }
     }
   });
   std::optional<train::Trainer> trainer(std::in_place, grid, opts);

@@ -158,6 +158,32 @@ TEST(OutputLock, UnwritableDirectoryIsAnIoErrorBeforeAnyLock) {
   EXPECT_NE(why.find("/proc"), std::string::npos) << why;
 }
 
+// A file rank 0 alone writes on its own node (a Prometheus file in node_exporter's directory):
+// other nodes need not have its directory. Emulated with a relative path from a working
+// directory of each rank's: rank 0's has the directory, the others' do not.
+TEST(OutputLock, AFileOfRank0AloneNeedsItsDirectoryOnRank0Only) {
+  if (world().size() < 2) GTEST_SKIP() << "needs a rank besides rank 0";
+  locus::test::SharedTmpDir tmp(world());
+  const std::string here = fs::current_path().string();
+  const std::string mine = tmp.file(fmt::format("rank{}", world().rank()));
+  fs::create_directories(mine);
+  if (world().is_root()) fs::create_directories(mine + "/textfile");
+  world().barrier();
+  fs::current_path(mine);
+  const std::string prom = "textfile/job.prom";
+  {
+    const OutputLock held =
+        OutputLock::acquire(world(), prom, "train.prometheus", {}, OutputLock::Writer::rank_0);
+    if (world().is_root()) {
+      EXPECT_TRUE(held.held());
+    }
+  }
+  // The default: every rank writes the output, so every rank needs its directory.
+  const std::string why = agreed_error<IoError>([&] { OutputLock::acquire(world(), prom); });
+  EXPECT_NE(why.find("textfile"), std::string::npos) << why;
+  fs::current_path(here);
+}
+
 // A requeued Slurm job (the same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) whose previous
 // instance still writes the output waits for it; the predecessor's armed watchdog, recorded in
 // the lock file, lengthens the wait. Another step of the same run (the same count) does not.

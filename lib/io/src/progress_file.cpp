@@ -39,7 +39,7 @@ ProgressFile::ProgressFile(const mpi::Comm& comm, std::string path, std::string 
     if (!root_) return;
     if (const int err = directory_writable(path_)) throw IoError(failure(path_, key_, err));
   });
-  lock_.emplace(OutputLock::acquire(comm, path_, key_));
+  lock_.emplace(OutputLock::acquire(comm, path_, key_, {}, OutputLock::Writer::rank_0));
   mpi::agree_on(comm, [&] {
     if (!root_) return;
     if (const int err = replace_file(path_, text(app_, nullptr, true, unix_now()))) {

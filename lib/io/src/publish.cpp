@@ -59,7 +59,7 @@ bool output_exists(const mpi::Comm& comm, const std::string& path) {
 }
 
 OutputLock OutputLock::acquire(const mpi::Comm& comm, const std::string& path,
-                               std::string_view key, const FileLock::Say& say) {
+                               std::string_view key, const FileLock::Say& say, Writer writer) {
   OutputLock lock;
   lock.path_ = path;
   const FileLock::Say tell = say ? say : [](const std::string& line) {
@@ -71,7 +71,7 @@ OutputLock OutputLock::acquire(const mpi::Comm& comm, const std::string& path,
   const std::string what = key.empty() ? fmt::format("output '{}'", path)
                                        : fmt::format("output '{}' ({})", path, key);
   mpi::agree_on(comm, [&] {
-    h5::check_writable_dir(dir_of(path), path);
+    if (writer == Writer::every_rank || comm.is_root()) h5::check_writable_dir(dir_of(path), path);
     if (!comm.is_root()) return;
     const comm::WatchdogSetting watchdog = comm::armed_watchdog();
     const LockRecord record{fmt::format("locus output lock: the job writing '{}'", path), "",

@@ -38,9 +38,13 @@ class OutputLock {
   // that set it, when given), the holder and what to do; nothing is changed. An earlier
   // instance of this Slurm job is waited for (requeue_wait_s() plus its recorded watchdog),
   // told once by `say` on rank 0 (default: standard error), as is the warning of a file system
-  // without locks.
+  // without locks. A file rank 0 alone writes on its own node (a Prometheus file in
+  // node_exporter's directory, which other nodes need not have) is `Writer::rank_0`: rank 0
+  // alone checks its directory.
+  enum class Writer { every_rank, rank_0 };
   static OutputLock acquire(const mpi::Comm& comm, const std::string& path,
-                            std::string_view key = {}, const FileLock::Say& say = {});
+                            std::string_view key = {}, const FileLock::Say& say = {},
+                            Writer writer = Writer::every_rank);
 
   const std::string& path() const noexcept { return path_; }
   bool held() const noexcept { return lock_.held(); }  // rank 0, where locks work
