@@ -125,6 +125,36 @@ void add_watchdog_option(Config& c, const std::string& key, double& target) {
         in_range(0.0, 1e9));
 }
 
+namespace {
+
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code ec_a, ec_b;
+  const auto full_a = std::filesystem::weakly_canonical(std::filesystem::absolute(a), ec_a);
+  const auto full_b = std::filesystem::weakly_canonical(std::filesystem::absolute(b), ec_b);
+  return ec_a || ec_b ? a == b : full_a == full_b;
+}
+
+[[noreturn]] void shared_path(const NamedPath& a, const NamedPath& b) {
+  throw ConfigError(fmt::format("{} = '{}' and {} = '{}' name one file: one would overwrite the "
+                                "other; give them different paths",
+                                a.key, a.path, b.key, b.path));
+}
+
+}  // namespace
+
+void refuse_shared_paths(const std::vector<NamedPath>& written,
+                         const std::vector<NamedPath>& others) {
+  for (std::size_t i = 0; i < written.size(); ++i) {
+    for (std::size_t j = i + 1; j < written.size(); ++j) {
+      if (same_file(written[i].path, written[j].path)) shared_path(written[i], written[j]);
+    }
+    for (const NamedPath& other : others) {
+      if (same_file(written[i].path, other.path)) shared_path(written[i], other);
+    }
+  }
+}
+
 void add_progress_option(Config& c, const std::string& key, double& target) {
   c.add(key, target,
         "rank 0 prints a progress line this often, in seconds: units and rows done, rate, "
@@ -145,8 +175,9 @@ void add_prometheus_option(Config& c, const std::string& key, std::string& targe
   c.add(key, target,
         "Prometheus text file rank 0 rewrites (temporary file + rename) with every progress "
         "line and when the job ends: units and rows done, rate, time left, re-runs, for "
-        "node_exporter's textfile collector (empty: none); its directory must exist, and the "
-        "job holds the file's output lock: a second job naming it is refused");
+        "node_exporter's textfile collector (empty: none): a .prom name in a directory that "
+        "exists on rank 0's node; the job holds the file's output lock, so a second job naming "
+        "it is refused");
 }
 
 const std::vector<std::string>& pipeline_sections() {

@@ -87,6 +87,17 @@ void add_progress_option(Config& c, const std::string& key, double& target);
 // Rank 0's printer of those lines ("<verb>: ..." on stdout, flushed); empty on other ranks.
 comm::ProgressTicker::Sink progress_printer(const mpi::Comm& comm, std::string verb,
                                             std::string measure);
+// A path an app writes or reads and the key that set it ("" names none).
+struct NamedPath {
+  std::string path;
+  std::string key;
+};
+// Local: ConfigError naming both keys when two of `written` name one file (as resolved from the
+// working directory), or one of `written` names one of `others` (files the app reads or
+// writes that must not be overwritten), before anything is written.
+void refuse_shared_paths(const std::vector<NamedPath>& written,
+                         const std::vector<NamedPath>& others = {});
+
 // `<app section>.prometheus`: the Prometheus file of locus-infer and locus-ingest
 // (io::ProgressFile), rewritten with every progress line.
 void add_prometheus_option(Config& c, const std::string& key, std::string& target);

@@ -7,6 +7,7 @@
 
 #include "config.hpp"
 #include "infer_options.hpp"
+#include "locus/comm/agree.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/infer/infer.hpp"
@@ -74,6 +75,14 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     const locus::comm::Watchdog watchdog(settings.watchdog_s, "infer.watchdog_s");
+    // The Prometheus file is written first: it must not be a file the job reads or writes.
+    locus::mpi::agree_on(world, [&] {
+      locus::app::refuse_shared_paths(
+          {{settings.prometheus, "infer.prometheus"}},
+          {{opts.model, "infer.model"}, {opts.input, "infer.input"},
+           {opts.output, "infer.output"},
+           {opts.report.empty() ? opts.output + ".report.json" : opts.report, "infer.report"}});
+    });
     locus::io::ProgressFile prometheus(world, settings.prometheus, "infer.prometheus", "infer");
     if (world.is_root()) {
       opts.on_progress = [&, print = locus::app::progress_printer(world, "scoring", "rows")](

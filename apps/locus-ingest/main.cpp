@@ -6,6 +6,7 @@
 
 #include "config.hpp"
 #include "ingest_options.hpp"
+#include "locus/comm/agree.hpp"
 #include "locus/comm/app.hpp"
 #include "locus/comm/watchdog.hpp"
 #include "locus/io/ingest.hpp"
@@ -94,6 +95,17 @@ int main(int argc, char** argv) {
       return locus::exit_code::ok;
     }
     const locus::comm::Watchdog watchdog(settings.watchdog_s, "ingest.watchdog_s");
+    // The Prometheus file is written first: it must not be a file the job reads or writes.
+    locus::mpi::agree_on(world, [&] {
+      locus::app::refuse_shared_paths(
+          {{settings.prometheus, "ingest.prometheus"}},
+          {{settings.output, "ingest.output"},
+           {settings.report.empty() ? settings.output + ".gates.json" : settings.report,
+            "ingest.report"},
+           {settings.images, "ingest.images"}, {settings.labels, "ingest.labels"},
+           {settings.csv, "ingest.csv"}, {settings.join, "ingest.join"},
+           {settings.reference, "gates.reference"}});
+    });
     locus::io::ProgressFile prometheus(world, settings.prometheus, "ingest.prometheus", "ingest");
     if (world.is_root()) {
       opts.on_progress = [&, print = locus::app::progress_printer(world, "parsing", "rows")](

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <chrono>
+#include <tuple>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -166,30 +167,18 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   // was; a Prometheus file's must exist: node_exporter's textfile directory); a second job
   // writing any of the three files is then refused here, before it trains (an earlier instance
   // of this Slurm job is waited for). Held until the run ends.
-  const std::array<std::pair<std::string, const char*>, 3> outputs{
-      {{settings.output, "train.output"},
-       {settings.metrics, "train.metrics"},
-       {settings.prometheus, "train.prometheus"}}};
+  // The Prometheus file is rank 0's alone, in its node's node_exporter directory.
+  using Writer = io::OutputLock::Writer;
+  const std::array<std::tuple<std::string, const char*, Writer>, 3> outputs{
+      {{settings.output, "train.output", Writer::every_rank},
+       {settings.metrics, "train.metrics", Writer::every_rank},
+       {settings.prometheus, "train.prometheus", Writer::rank_0}}};
   mpi::agree_on(grid.world(), [&] {
-    const auto same_file = [](const std::string& a, const std::string& b) {
-      if (a.empty() || b.empty()) return false;
-      std::error_code ec_a, ec_b;
-      const auto full_a = std::filesystem::weakly_canonical(std::filesystem::absolute(a), ec_a);
-      const auto full_b = std::filesystem::weakly_canonical(std::filesystem::absolute(b), ec_b);
-      return ec_a || ec_b ? a == b : full_a == full_b;
-    };
-    for (std::size_t i = 0; i < outputs.size(); ++i) {
-      for (std::size_t j = i + 1; j < outputs.size(); ++j) {
-        if (same_file(outputs[i].first, outputs[j].first)) {
-          throw ConfigError(fmt::format("{} = '{}' and {} = '{}' name one file: one would "
-                                        "overwrite the other; give them different paths",
-                                        outputs[i].second, outputs[i].first, outputs[j].second,
-                                        outputs[j].first));
-        }
-      }
-    }
+    std::vector<app::NamedPath> written;
+    for (const auto& [path, key, writer] : outputs) written.push_back({path, key});
+    app::refuse_shared_paths(written);
     if (!grid.world().is_root()) return;
-    for (const auto& [path, key] : {outputs[0], outputs[1]}) {
+    for (const auto& [path, key, writer] : {outputs[0], outputs[1]}) {
       const std::filesystem::path dir = std::filesystem::path(path).parent_path();
       std::error_code ec;
       if (!dir.empty()) std::filesystem::create_directories(dir, ec);
@@ -213,9 +202,7 @@ int train_main(mpi::Comm& world, int argc, char** argv) {
   std::array<std::optional<io::OutputLock>, outputs.size()> locks;  // the model's first
   timed([&] {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
-      const auto& [path, key] = outputs[i];
-      // The Prometheus file is rank 0's alone, in its node's node_exporter directory.
-      const auto writer = i == 2 ? io::OutputLock::Writer::rank_0 : io::OutputLock::Writer::every_rank;
+      const auto& [path, key, writer] = outputs[i];
       if (!path.empty()) {
         locks[i].emplace(io::OutputLock::acquire(grid.world(), path, key, say, writer));
       }

@@ -187,13 +187,19 @@ def suspended(proc, ranks):
     pids = [proc.pid] + list(rank_pids(proc.pid).values())
     check(len(pids) == ranks + 1, f"found {len(pids) - 1} ranks under mpirun, not {ranks}")
     check(proc.poll() is None, f"the job ended (rc {proc.returncode}) before it was suspended")
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+
+    def signal_all(sig):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # ended meanwhile: nothing to stop or continue
+                pass
+
     try:
+        signal_all(signal.SIGSTOP)
         yield
     finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+        signal_all(signal.SIGCONT)
 
 
 def no_outputs(path):

@@ -585,8 +585,10 @@ def test_prometheus_file_follows_the_scoring(r, tmp):
                   f"--infer.slow_ms={150 * r.ranks}", "--infer.progress_s=0.2",
                   f"--infer.prometheus={prom}")
     seen, refused = [], None
+    deadline = time.monotonic() + 300
     try:
         while job.poll() is None:
+            check(time.monotonic() < deadline, "the job did not end within 300 s")
             if os.path.exists(prom):  # replaced whole (rename): never half written
                 with open(prom) as f:
                     seen.append(prometheus_values(f.read()))
@@ -617,7 +619,8 @@ def test_prometheus_file_follows_the_scoring(r, tmp):
         check(whole_units(v["locus_infer_rows_done"], v["locus_infer_units_done"], 500, r.ranks),
               f"rows are whole units' rows: {v}")
     running = [v for v in seen if v["locus_infer_running"] == 1 and "locus_infer_units" in v]
-    check(len(running) >= 2, f"expected the file rewritten while the job ran: {seen}")
+    versions = {v["locus_infer_last_update_timestamp_seconds"] for v in running}
+    check(len(versions) >= 2, f"expected the file rewritten while the job ran: {seen}")
     done = [v["locus_infer_rows_done"] for v in running]
     check(done == sorted(done), f"rows done went back: {done}")
     check(final["locus_infer_running"] == 0 and final["locus_infer_units_done"] == 20 and
@@ -631,6 +634,16 @@ def test_prometheus_file_follows_the_scoring(r, tmp):
     expect_exit(p, 5, f"cannot write the Prometheus file '{tmp}/no/such/dir/job.prom'",
                 "set infer.prometheus to a writable path")
     check(not os.path.exists(never), "a job refused for its Prometheus file scored", p)
+    # The file is written before anything else: naming a file the job reads or writes is a
+    # configuration error, and that file is left as it was.
+    with open(model, "rb") as f:
+        model_bytes = f.read()
+    for key, path in (("infer.model", model), ("infer.output", out)):
+        p = infer(r, model, test, out, "--overwrite", f"--infer.prometheus={path}")
+        expect_exit(p, 2, f"infer.prometheus = '{path}' and {key} = '{path}' name one file")
+    with open(model, "rb") as f:
+        check(f.read() == model_bytes, "a refused job overwrote the model")
+    check(read_scores(out)[1]["committed_rows"] == 10000, "a refused job changed the output")
 
 
 # Rank-independent checks (the model format against PyTorch, argument and input errors) run at

@@ -440,6 +440,17 @@ def test_progress_lines_while_parsing(r, tmp):
     check(v["locus_ingest_running"] == 0 and v["locus_ingest_units"] == 20 and
           v["locus_ingest_units_done"] == 20 and v["locus_ingest_rows_done"] == 10000 and
           "locus_ingest_rows" not in v, f"ingest.prom: {v}", p)
+    # The file is written before anything else: naming an input is a configuration error, and
+    # the input is left as it was.
+    labels = os.path.join(tmp, "labels.gz")
+    shutil.copy(f"{FASHION}/t10k-labels-idx1-ubyte.gz", labels)
+    own = [a for a in args if not a.startswith("--ingest.labels=")]
+    p = r.run("locus-ingest", *own, f"--ingest.labels={labels}", "--overwrite",
+              f"--ingest.prometheus={labels}")
+    expect_exit(p, 2, f"ingest.prometheus = '{labels}' and ingest.labels = '{labels}' name one "
+                "file")
+    check(filecmp.cmp(labels, f"{FASHION}/t10k-labels-idx1-ubyte.gz", shallow=False),
+          "a refused job overwrote its labels", p)
     p = r.run("locus-ingest", *args, "--ingest.progress_s=0", "--overwrite",
               env={"LOCUS_TEST_HOOK": "ingest-unit:delay20"})
     expect_exit(p, 0)

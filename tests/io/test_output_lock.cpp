@@ -164,12 +164,19 @@ TEST(OutputLock, UnwritableDirectoryIsAnIoErrorBeforeAnyLock) {
 TEST(OutputLock, AFileOfRank0AloneNeedsItsDirectoryOnRank0Only) {
   if (world().size() < 2) GTEST_SKIP() << "needs a rank besides rank 0";
   locus::test::SharedTmpDir tmp(world());
-  const std::string here = fs::current_path().string();
   const std::string mine = tmp.file(fmt::format("rank{}", world().rank()));
   fs::create_directories(mine);
   if (world().is_root()) fs::create_directories(mine + "/textfile");
   world().barrier();
-  fs::current_path(mine);
+  // Back to the first working directory however the test ends (before tmp is removed).
+  struct Chdir {
+    fs::path before = fs::current_path();
+    explicit Chdir(const fs::path& to) { fs::current_path(to); }
+    ~Chdir() {
+      std::error_code ec;
+      fs::current_path(before, ec);
+    }
+  } chdir(mine);
   const std::string prom = "textfile/job.prom";
   {
     const OutputLock held =
@@ -181,7 +188,6 @@ TEST(OutputLock, AFileOfRank0AloneNeedsItsDirectoryOnRank0Only) {
   // The default: every rank writes the output, so every rank needs its directory.
   const std::string why = agreed_error<IoError>([&] { OutputLock::acquire(world(), prom); });
   EXPECT_NE(why.find("textfile"), std::string::npos) << why;
-  fs::current_path(here);
 }
 
 // A requeued Slurm job (the same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) whose previous

@@ -50,7 +50,11 @@ ProgressFile::ProgressFile(const mpi::Comm& comm, std::string path, std::string 
 }
 
 ProgressFile::~ProgressFile() {
-  if (!finished_) write(false);
+  if (finished_) return;
+  try {
+    write(false);
+  } catch (...) {  // out of memory formatting the text: the file keeps saying it runs
+  }
 }
 
 void ProgressFile::update(const comm::QueueProgress& p) {
@@ -67,11 +71,12 @@ void ProgressFile::finish(const comm::QueueProgress& p) {
 }
 
 void ProgressFile::write(bool running) {
-  if (path_.empty() || !root_ || !ok_) return;
+  if (path_.empty() || !root_) return;
   const comm::QueueProgress* figures = last_ ? &*last_ : nullptr;
-  if (const int err = replace_file(path_, text(app_, figures, running, unix_now()))) {
-    ok_ = false;
-    std::fprintf(stderr, "warning: %s; it is no longer updated\n",
+  const int err = replace_file(path_, text(app_, figures, running, unix_now()));
+  if (err != 0 && !warned_) {  // told once; later rewrites still try (the disk may recover)
+    warned_ = true;
+    std::fprintf(stderr, "warning: %s; the job goes on and tries again with its next report\n",
                  failure(path_, key_, err).c_str());
     std::fflush(stderr);
   }
@@ -86,7 +91,9 @@ std::string ProgressFile::text(std::string_view app, const comm::QueueProgress* 
     out += fmt::format("# HELP locus_{0}_{1} {2}\n# TYPE locus_{0}_{1} {3}\nlocus_{0}_{1} {4}\n",
                        app, name, help, type, v);
   };
-  series("running", "gauge", "1 while the job works through its units, 0 once it has stopped.",
+  series("running", "gauge",
+         "1 from the job's start, 0 once it has ended (a job killed or aborted leaves 1: watch "
+         "last_update_timestamp_seconds).",
          running ? 1 : 0);
   series("last_update_timestamp_seconds", "gauge", "Unix time rank 0 last rewrote this file.",
          unix_time);

@@ -18,8 +18,8 @@ int replace_file(const std::string& path, std::string_view text) noexcept {
     std::FILE* f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr) return errno;
     int err = 0;
-    if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) err = errno;
-    if (std::fclose(f) != 0 && err == 0) err = errno;
+    if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) err = errno != 0 ? errno : EIO;
+    if (std::fclose(f) != 0 && err == 0) err = errno != 0 ? errno : EIO;
     if (err == 0 && std::rename(tmp.c_str(), p.c_str()) != 0) err = errno;
     if (err != 0) std::remove(tmp.c_str());
     return err;

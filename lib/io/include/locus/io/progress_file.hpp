@@ -29,7 +29,7 @@ class ProgressFile {
   ~ProgressFile();
 
   // Rank 0 (a no-op elsewhere and without a file): rewrites the file with p. A failed write is
-  // a warning on standard error, once; the file is then no longer updated (the job goes on).
+  // a warning on standard error, once; the job goes on and later rewrites try again.
   void update(const comm::QueueProgress& p);
   // Rank 0: the last version with the final figures, not running.
   void finish(const comm::QueueProgress& p);
@@ -43,7 +43,7 @@ class ProgressFile {
   void write(bool running);
 
   std::string path_, key_, app_;
-  bool root_ = false, ok_ = true, finished_ = true;
+  bool root_ = false, warned_ = false, finished_ = true;
   std::optional<comm::QueueProgress> last_;
   std::optional<OutputLock> lock_;
 };

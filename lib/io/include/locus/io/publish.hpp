@@ -32,8 +32,9 @@ class OutputLock {
  public:
   OutputLock() = default;  // holds nothing
 
-  // Collective over comm. Checks on every rank that the output directory is writable (an
-  // agreed IoError otherwise); rank 0 takes the lock, recording the process's armed watchdog.
+  // Collective over comm. Checks on every rank (rank 0 alone for Writer::rank_0) that the
+  // output directory is writable (an agreed IoError otherwise); rank 0 takes the lock,
+  // recording the process's armed watchdog.
   // Held by another job: a ConfigError (agreed) naming the output (and `key`, the config key
   // that set it, when given), the holder and what to do; nothing is changed. An earlier
   // instance of this Slurm job is waited for (requeue_wait_s() plus its recorded watchdog),
