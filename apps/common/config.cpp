@@ -162,12 +162,14 @@ void add_progress_option(Config& c, const std::string& key, double& target) {
         in_range(0.0, 1e9));
 }
 
-comm::ProgressTicker::Sink progress_printer(const mpi::Comm& comm, std::string verb,
-                                            std::string measure) {
+comm::ProgressTicker::Sink progress_sink(const mpi::Comm& comm, std::string verb,
+                                         std::string measure, io::ProgressFile& file) {
   if (!comm.is_root()) return {};
-  return [verb = std::move(verb), measure = std::move(measure)](const comm::QueueProgress& p) {
+  return [verb = std::move(verb), measure = std::move(measure),
+          &file](const comm::QueueProgress& p) {
     fmt::print("{}\n", comm::describe(p, verb, measure));
     std::fflush(stdout);
+    file.update(p);
   };
 }
 

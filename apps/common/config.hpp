@@ -14,6 +14,7 @@
 
 #include "locus/comm/mpi.hpp"
 #include "locus/comm/queue_progress.hpp"
+#include "locus/io/progress_file.hpp"
 
 namespace locus::app {
 
@@ -84,9 +85,10 @@ void add_watchdog_option(Config& c, const std::string& key, double& target);
 // few seconds prints none, a scoring of hours one every half minute for `tail -f`.
 inline constexpr double kProgressDefaultS = 30;
 void add_progress_option(Config& c, const std::string& key, double& target);
-// Rank 0's printer of those lines ("<verb>: ..." on stdout, flushed); empty on other ranks.
-comm::ProgressTicker::Sink progress_printer(const mpi::Comm& comm, std::string verb,
-                                            std::string measure);
+// Rank 0's sink of the progress reports: prints each as a line ("<verb>: ..." on stdout,
+// flushed) and rewrites `file` (the app's Prometheus file) with it; empty on other ranks.
+comm::ProgressTicker::Sink progress_sink(const mpi::Comm& comm, std::string verb,
+                                         std::string measure, io::ProgressFile& file);
 // A path an app writes or reads and the key that set it ("" names none).
 struct NamedPath {
   std::string path;

@@ -84,13 +84,7 @@ int main(int argc, char** argv) {
            {opts.report.empty() ? opts.output + ".report.json" : opts.report, "infer.report"}});
     });
     locus::io::ProgressFile prometheus(world, settings.prometheus, "infer.prometheus", "infer");
-    if (world.is_root()) {
-      opts.on_progress = [&, print = locus::app::progress_printer(world, "scoring", "rows")](
-                             const locus::comm::QueueProgress& p) {
-        print(p);
-        prometheus.update(p);
-      };
-    }
+    opts.on_progress = locus::app::progress_sink(world, "scoring", "rows", prometheus);
     const auto result = locus::infer::run_inference(world, opts);
     const auto rows = static_cast<std::int64_t>(result.row_end - result.row_begin);
     prometheus.finish({{result.units, result.units, rows, result.speculative_runs}, rows,

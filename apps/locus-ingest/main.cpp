@@ -107,13 +107,7 @@ int main(int argc, char** argv) {
            {settings.reference, "gates.reference"}});
     });
     locus::io::ProgressFile prometheus(world, settings.prometheus, "ingest.prometheus", "ingest");
-    if (world.is_root()) {
-      opts.on_progress = [&, print = locus::app::progress_printer(world, "parsing", "rows")](
-                             const locus::comm::QueueProgress& p) {
-        print(p);
-        prometheus.update(p);
-      };
-    }
+    opts.on_progress = locus::app::progress_sink(world, "parsing", "rows", prometheus);
     const auto result = locus::io::run_ingest(world, opts);
     std::int64_t rows = 0, reruns = 0;
     for (const auto& r : result.schedule.per_rank) {
