@@ -1,7 +1,7 @@
 // The device-side gather of `loader.gather = device` (lib/train/src/cuda/kernels.cu
 // gather_rows): a batch of random rows read by a kernel straight from page-locked, mapped host
 // memory into device memory, on the copy stream, while the compute stream runs the step. Its
-// grid is capped (CudaCompute::upload_inputs: half the SMs) so that it leaves the step's
+// grid is capped (CudaCompute::upload_inputs: a quarter of the SMs) so that it leaves the step's
 // kernels most of the GPU; this measures what the cap costs and saves, by batch size:
 //   link     pinned cudaMemcpy of a batch's bytes, host to device (the PCIe bound);
 //   device   the same gather from device memory (the device cache's gather);
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
         ("cols", po::value(&cols)->default_value(cols), "floats per row")
         ("batches", po::value(&batches_text)->default_value(batches_text), "batch sizes")
         ("caps", po::value(&caps_text)->default_value(caps_text),
-         "grid caps in blocks (half the SMs and 0, uncapped, are always added)")
+         "grid caps in blocks (a quarter and half the SMs, and 0, uncapped, are always added)")
         ("gemm-out", po::value(&gemm_out)->default_value(gemm_out), "GEMM output width")
         ("window-ms", po::value(&window_ms)->default_value(window_ms),
          "length of the GEMM loop the gathers run beside")
@@ -186,7 +186,8 @@ int main(int argc, char** argv) {
     LOCUS_CUDA_CHECK(cudaSetDevice(0));
     cudaDeviceProp prop{};
     LOCUS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    caps.push_back(std::max(8, prop.multiProcessorCount / 2));  // CudaCompute::upload_inputs' cap
+    caps.push_back(std::max(8, prop.multiProcessorCount / 4));  // CudaCompute::upload_inputs' cap
+    caps.push_back(std::max(8, prop.multiProcessorCount / 2));  // its cap until run 8
     caps.push_back(0);
     std::sort(caps.begin(), caps.end(), [](int a, int b) {
       return (a == 0 ? INT32_MAX : a) < (b == 0 ? INT32_MAX : b);

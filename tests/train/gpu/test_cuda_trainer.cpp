@@ -586,6 +586,46 @@ TEST_F(CudaTrainer, TheComputeStreamsWaitForABatchInFlightIsCounted) {
   cudaFreeHost(labels);
 }
 
+// The other side: a batch whose copy was complete before the stream reached its wait (copied
+// ahead, and the device idle since) counts no wait at all. Timing the wait between two events
+// on the compute stream counted its own cost, about 2 us a step (bench/RESULTS.md run 8), as
+// data wait in every step of a device-cached run; a step's stall now runs from the stream's
+// arrival to its inputs' completion, which here came first.
+TEST_F(CudaTrainer, ABatchCopiedAheadCountsNoWait) {
+  constexpr int kWidth = 512, kRows = 256;
+  ModelSpec spec;
+  spec.widths = {kWidth, 16, kClasses};
+  spec.seed = 7;
+  OptimizerOptions optimizer;
+  ComputeOptions c;
+  c.backend = "cuda";
+  TrainState state(spec, optimizer);
+  auto compute = make_compute(c, mpi::Comm::world(), state, Loss::softmax_cross_entropy);
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> x(std::size_t{kRows} * kWidth);
+  for (float& v : x) v = uniform(gen);
+  std::vector<std::int32_t> labels(kRows);
+  for (int i = 0; i < kRows; ++i) labels[static_cast<std::size_t>(i)] = (i * 7) % kClasses;
+  const Batch b{x, kRows, labels, {}, {}, {}};
+  std::vector<LossStats> out;
+  compute->forward_backward(b, 0, kRows, {});  // buffers made, shapes chosen
+  compute->optimizer_step(0.01, 0.0);
+  compute->drain_stats(out);
+  const double before = compute->input_wait_seconds();
+  for (int step = 1; step <= 3; ++step) {
+    compute->prefetch_inputs(b);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the copy is done before the step
+    compute->forward_backward(b, static_cast<std::uint64_t>(step), kRows, {});
+    compute->optimizer_step(0.01, 0.0);
+    compute->drain_stats(out);
+  }
+  EXPECT_EQ(compute->input_wait_seconds(), before)
+      << "inputs complete before their step were counted as a wait";
+  EXPECT_EQ(out.size(), 4u);
+  compute->sync_to_host();
+}
+
 // The loss sums of more steps than the backend's pinned ring holds (4096, cuda_compute.cpp)
 // without a drain in between: the ring's are kept aside when it fills and none is lost --
 // every step's sums, in order, bitwise those of the same steps drained one by one.

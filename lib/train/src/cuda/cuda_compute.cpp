@@ -181,13 +181,18 @@ class CudaCompute final : public Compute {
   std::vector<std::int64_t> pending_rows_;
   std::vector<LossStats> overflow_;
   Event stats_copied_;  // after the latest copy into stats_ring_
-  // The compute stream's wait for each step's inputs, between two timing events recorded
-  // around it (one pair a step not yet taken: at most kStatsRing + 1), and their sum so far.
+  // The compute stream's stall for each step's inputs: from `begin`, recorded on it where it
+  // waits for the slot, to `complete`, recorded on the copy stream after the slot's copies
+  // (the slot's `arrived`); none when the inputs were complete first. Timing the wait itself
+  // (an event on each side of it) would count the wait's own cost, about 2 us a step on an
+  // H200, as data wait in every step of a device-cached run. One pair a step not yet taken
+  // (at most kStatsRing + 1), spare timing events for reuse, and the sum so far.
   struct InputWait {
-    Event begin, end;
+    Event begin, complete;
   };
+  Event timing_event();  // a spare one, or a new one
   std::vector<InputWait> input_waits_;
-  std::size_t input_waits_used_ = 0;
+  std::vector<Event> spare_timing_;
   double input_wait_s_ = 0;
   std::function<void(void*)> settle_;  // before_host_waits()
   // The step values of request_step_values(): the reduced gradient's sum of squares (also the
@@ -419,8 +424,11 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   LOCUS_CUDA_CHECK(cudaEventRecord(slot.uploaded.get(), s));
   if (resident_batches()) {
     // Mapped: the rows straight from host memory, on the copy stream while the previous step
-    // computes; a capped grid leaves the compute kernels most of the SMs.
-    const int cap = std::max(8, device_.multiprocessors / 2);
+    // computes; a capped grid leaves the compute kernels most of the SMs. A quarter of them:
+    // on an H200 (locus_gather_bench, bench/RESULTS.md run 8) 33 blocks move as many GB/s as
+    // 66 or all (about 46 of the link's 54), and slow a loop of GEMMs beside them by 24-28%
+    // where 66 slowed it by 40-57%.
+    const int cap = std::max(8, device_.multiprocessors / 4);
     if (mapped_x_ != nullptr) {
       gather_rows(mapped_x_, slot.resident_rows.data(), slot.x.data(), b.rows, input_width(),
                   nullptr, nullptr, s, cap);
@@ -430,6 +438,15 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
     }
   }
   LOCUS_CUDA_CHECK(cudaEventRecord(slot.copied.get(), s));
+  if (!slot.arrived) slot.arrived = timing_event();  // a slot never consumed keeps its own
+  LOCUS_CUDA_CHECK(cudaEventRecord(slot.arrived.get(), s));
+}
+
+Event CudaCompute::timing_event() {
+  if (spare_timing_.empty()) return make_timing_event();
+  Event e = std::move(spare_timing_.back());
+  spare_timing_.pop_back();
+  return e;
 }
 
 // The slot the next forward_backward() uses; its previous reader (two steps back) is waited
@@ -549,14 +566,11 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
   slot.prefetched = nullptr;
   slot.prefetched_rows = -1;
   // The wait for the inputs, timed on the device: how long the compute stream stalled there.
-  if (input_waits_used_ == input_waits_.size()) {
-    input_waits_.push_back(InputWait{make_timing_event(), make_timing_event()});
-  }
-  const InputWait& waited = input_waits_[input_waits_used_++];
+  LOCUS_ASSERT(slot.arrived, "a step's input slot was never uploaded");
+  input_waits_.push_back(InputWait{timing_event(), std::move(slot.arrived)});
   try {  // a step that fails leaves no pair behind: each pair belongs to a step's LossStats
-    LOCUS_CUDA_CHECK(cudaEventRecord(waited.begin.get(), compute_.get()));
+    LOCUS_CUDA_CHECK(cudaEventRecord(input_waits_.back().begin.get(), compute_.get()));
     LOCUS_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot.copied.get(), 0));
-    LOCUS_CUDA_CHECK(cudaEventRecord(waited.end.get(), compute_.get()));
     if (rows == 0) {
       LOCUS_CUDA_CHECK(
           cudaMemsetAsync(dstate_.grads(), 0, dstate_.grads_bytes(), compute_.get()));
@@ -572,7 +586,8 @@ void CudaCompute::forward_backward(const Batch& batch, std::uint64_t step, doubl
     LOCUS_CUDA_CHECK(cudaEventRecord(slot.consumed.get(), compute_.get()));
     store_stats(rows);  // its stats pushed last: nothing after that can fail in it
   } catch (...) {
-    --input_waits_used_;
+    spare_timing_.push_back(std::move(input_waits_.back().begin));
+    input_waits_.pop_back();  // its copy-side event goes with it: the slot is uploaded again
     throw;
   }
   // The gradients' work is enqueued: announce every layer (a reducer orders itself after it
@@ -674,18 +689,19 @@ void CudaCompute::take_pending_stats(std::vector<LossStats>& out) {
 
 // Each step records its input wait before its LossStats: the waits of the steps stored so far
 // are complete wherever their stats are (the caller waited for those), a step's own may not be.
+// A negative time (the inputs were complete before the stream reached its wait) is no wait.
 void CudaCompute::take_input_waits(std::size_t steps) {
-  steps = std::min(steps, input_waits_used_);
+  steps = std::min(steps, input_waits_.size());
   for (std::size_t i = 0; i < steps; ++i) {
+    InputWait& w = input_waits_[i];
     float ms = 0;
-    LOCUS_CUDA_CHECK(
-        cudaEventElapsedTime(&ms, input_waits_[i].begin.get(), input_waits_[i].end.get()));
-    input_wait_s_ += static_cast<double>(ms) * 1e-3;
+    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, w.begin.get(), w.complete.get()));
+    input_wait_s_ += std::max(0.0, static_cast<double>(ms) * 1e-3);
+    spare_timing_.push_back(std::move(w.begin));
+    spare_timing_.push_back(std::move(w.complete));
   }
-  const auto first = input_waits_.begin();
-  std::rotate(first, first + static_cast<std::ptrdiff_t>(steps),
-              first + static_cast<std::ptrdiff_t>(input_waits_used_));
-  input_waits_used_ -= steps;
+  input_waits_.erase(input_waits_.begin(),
+                     input_waits_.begin() + static_cast<std::ptrdiff_t>(steps));
 }
 
 LossStats CudaCompute::evaluate(const Batch& batch) {
