@@ -158,6 +158,9 @@ for row in $ROWS; do
   read -r sps wait used first <<< "$( [[ -s $metrics ]] && summarize "$metrics" || echo "- - 0 -")"
   if ((rc == 0)) && [[ $sps != - ]]; then
     status=ok note=""
+    # The whole run's data wait split (the summary's line on cuda): the loader's, the GPU's.
+    note=$(sed -n "s/^data wait: the loader (host) \([0-9.]*\)%, the GPU's stream for its inputs \([0-9.]*\)%$/wait host \1% gpu \2%/p" \
+             "$work/logs/train-$tag.log" | head -n 1)
   else
     status=failed
     ((rc == 124 || rc == 137)) && status=timeout

@@ -9,6 +9,7 @@ Where no GPU can run the backend (no device, or a build without CUDA), it prints
 which ctest reports as skipped (SKIP_RETURN_CODE)."""
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -58,6 +59,15 @@ def test_cuda_trains_like_the_cpu(r, tmp):
     expect_exit(cpu, 0)
     gpu = train(r, tmp, *CUDA, "--train.output=gpu.h5", "--train.metrics=gpu.jsonl")
     expect_exit(gpu, 0, "cuda fp32 on")
+    # The summary's data wait, split into the loader's and the GPU stream's (cuda runs only).
+    total = re.search(r"^trained .* data wait ([0-9.]+)%", gpu.stdout, re.M)
+    split = re.search(r"^data wait: the loader \(host\) (-?[0-9.]+)%, the GPU's stream for its "
+                      r"inputs (-?[0-9.]+)%$", gpu.stdout, re.M)
+    check(total and split, "no summary line with the data wait split", gpu)
+    host, device = float(split.group(1)), float(split.group(2))
+    check(host >= 0 and device >= 0 and abs(host + device - float(total.group(1))) <= 0.02,
+          f"data wait {total.group(1)}% split as {host}% + {device}%", gpu)
+    check("data wait: the loader" not in cpu.stdout, "the CPU run printed a GPU's data wait", cpu)
     # 126 steps of SGD with momentum: the GEMMs sum in another order than OpenBLAS (the
     # elementwise kernels and the optimizer compute the CPU's bits), so the weights drift apart
     # by rounding only.

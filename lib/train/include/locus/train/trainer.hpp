@@ -91,6 +91,9 @@ struct TrainSummary {
   double eval_seconds = 0;
   double samples_per_s = 0;
   double data_wait_fraction = 0;   // share of the loop time spent waiting for batches
+  // Of which the device's compute stream stalled for a batch's copy or gather (cuda; the rest
+  // is the loader's, the host in next()).
+  double data_wait_device_fraction = 0;
   double allreduce_s = 0;
   double hidden_fraction = 0;      // share of the all-reduce time hidden behind backward
   double last_train_loss = 0;      // mean loss of the last completed epoch (or interval)
