@@ -437,9 +437,11 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
                        input_width(), s, cap);
     }
   }
-  LOCUS_CUDA_CHECK(cudaEventRecord(slot.copied.get(), s));
+  // The time the slot was complete, recorded before `copied`: a stream past its wait on
+  // `copied` has passed this too, so the event is complete wherever the step's stats are.
   if (!slot.arrived) slot.arrived = timing_event();  // a slot never consumed keeps its own
   LOCUS_CUDA_CHECK(cudaEventRecord(slot.arrived.get(), s));
+  LOCUS_CUDA_CHECK(cudaEventRecord(slot.copied.get(), s));
 }
 
 Event CudaCompute::timing_event() {
