@@ -77,9 +77,9 @@ void Progress::summary(const train::TrainOptions& options, const train::TrainSum
              "all-reduce {:.2f} s ({:.0f}% hidden); evaluation {:.2f} s; wall {:.2f} s\n",
              s.steps, s.samples, s.seconds, s.samples_per_s, 100.0 * s.data_wait_fraction,
              s.allreduce_s, 100.0 * s.hidden_fraction, s.eval_seconds, wall_s);
-  if (options.compute.backend == "cuda") {
+  if (options.compute.backend == "cuda" && options.pipeline_stages == 1) {  // stages: not timed
     fmt::print("data wait: the loader (host) {:.2f}%, the GPU's stream for its inputs {:.2f}%\n",
-               100.0 * (s.data_wait_fraction - s.data_wait_device_fraction),
+               100.0 * std::max(0.0, s.data_wait_fraction - s.data_wait_device_fraction),
                100.0 * s.data_wait_device_fraction);
   }
   if (s.evaluated) {

@@ -327,9 +327,10 @@ TrainSummary Trainer::train(TrainObserver* observer, std::int64_t stop_at_step,
   summary.seconds = seconds_between(start.time, end.time) - summary.eval_seconds;
   summary.samples_per_s = ratio(static_cast<double>(summary.samples), summary.seconds);
   summary.data_wait_fraction = ratio(end.wait_s - start.wait_s, summary.seconds);
+  // The loader's share directly; the device's is the rest (never below 0 by rounding).
   summary.data_wait_device_fraction =
-      ratio((end.wait_s - end.loader_wait_s) - (start.wait_s - start.loader_wait_s),
-            summary.seconds);
+      std::max(0.0, summary.data_wait_fraction -
+                        ratio(end.loader_wait_s - start.loader_wait_s, summary.seconds));
   summary.allreduce_s = end.comm_s - start.comm_s;
   summary.hidden_fraction = hidden(summary.allreduce_s, end.blocked_s - start.blocked_s);
   summary.finished = st.step >= m.planned_steps;

@@ -587,10 +587,10 @@ TEST_F(CudaTrainer, TheComputeStreamsWaitForABatchInFlightIsCounted) {
 }
 
 // The other side: a batch whose copy was complete before the stream reached its wait (copied
-// ahead, and the device idle since) counts no wait at all. Timing the wait between two events
-// on the compute stream counted its own cost, about 2 us a step (bench/RESULTS.md run 8), as
-// data wait in every step of a device-cached run; a step's stall now runs from the stream's
-// arrival to its inputs' completion, which here came first.
+// ahead, and the device idle since) counts no wait at all: a step's stall runs from the
+// stream's arrival at its wait to its inputs' completion, which here came first. (Before, two
+// events around the wait timed the wait's and the events' own cost too; device-cached runs
+// read 2-3 us a step in bench/RESULTS.md's run 8, loader included.)
 TEST_F(CudaTrainer, ABatchCopiedAheadCountsNoWait) {
   constexpr int kWidth = 512, kRows = 256;
   ModelSpec spec;

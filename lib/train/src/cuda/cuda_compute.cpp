@@ -184,9 +184,10 @@ class CudaCompute final : public Compute {
   // The compute stream's stall for each step's inputs: from `begin`, recorded on it where it
   // waits for the slot, to `complete`, recorded on the copy stream after the slot's copies
   // (the slot's `arrived`); none when the inputs were complete first. Timing the wait itself
-  // (an event on each side of it) would count the wait's own cost, about 2 us a step on an
-  // H200, as data wait in every step of a device-cached run. One pair a step not yet taken
-  // (at most kStatsRing + 1), spare timing events for reuse, and the sum so far.
+  // (an event on each side of it) counts the wait's and the events' own cost as data wait:
+  // run 8 (an H200) read a constant 2-3 us a step in device-cached runs, loader included, of
+  // which that cost is the suspect. One pair a step not yet taken (at most kStatsRing + 1),
+  // spare timing events for reuse, and the sum so far.
   struct InputWait {
     Event begin, complete;
   };
@@ -425,9 +426,9 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   if (resident_batches()) {
     // Mapped: the rows straight from host memory, on the copy stream while the previous step
     // computes; a capped grid leaves the compute kernels most of the SMs. A quarter of them:
-    // on an H200 (locus_gather_bench, bench/RESULTS.md run 8) 33 blocks move as many GB/s as
-    // 66 or all (about 46 of the link's 54), and slow a loop of GEMMs beside them by 24-28%
-    // where 66 slowed it by 40-57%.
+    // on an H200 (132 SMs; locus_gather_bench, bench/RESULTS.md run 8) 32 blocks moved as many
+    // GB/s as 66 or all (45-47, the link 51-54), and slowed a loop of GEMMs beside them by
+    // 24-28% where 66 slowed it by 40-57%; 16 blocks moved 35. Measured on the H200 only.
     const int cap = std::max(8, device_.multiprocessors / 4);
     if (mapped_x_ != nullptr) {
       gather_rows(mapped_x_, slot.resident_rows.data(), slot.x.data(), b.rows, input_width(),
@@ -439,7 +440,7 @@ void CudaCompute::upload_inputs(const Batch& b, InputSlot& slot) {
   }
   // The time the slot was complete, recorded before `copied`: a stream past its wait on
   // `copied` has passed this too, so the event is complete wherever the step's stats are.
-  if (!slot.arrived) slot.arrived = timing_event();  // a slot never consumed keeps its own
+  if (!slot.arrived) slot.arrived = timing_event();  // unless its last upload was never read
   LOCUS_CUDA_CHECK(cudaEventRecord(slot.arrived.get(), s));
   LOCUS_CUDA_CHECK(cudaEventRecord(slot.copied.get(), s));
 }
@@ -692,15 +693,20 @@ void CudaCompute::take_pending_stats(std::vector<LossStats>& out) {
 // Each step records its input wait before its LossStats: the waits of the steps stored so far
 // are complete wherever their stats are (the caller waited for those), a step's own may not be.
 // A negative time (the inputs were complete before the stream reached its wait) is no wait.
+// Every time is read before anything changes: a failed read leaves the pairs as they were.
 void CudaCompute::take_input_waits(std::size_t steps) {
   steps = std::min(steps, input_waits_.size());
+  double waited = 0;
   for (std::size_t i = 0; i < steps; ++i) {
-    InputWait& w = input_waits_[i];
     float ms = 0;
-    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, w.begin.get(), w.complete.get()));
-    input_wait_s_ += std::max(0.0, static_cast<double>(ms) * 1e-3);
-    spare_timing_.push_back(std::move(w.begin));
-    spare_timing_.push_back(std::move(w.complete));
+    LOCUS_CUDA_CHECK(
+        cudaEventElapsedTime(&ms, input_waits_[i].begin.get(), input_waits_[i].complete.get()));
+    waited += std::max(0.0, static_cast<double>(ms) * 1e-3);
+  }
+  input_wait_s_ += waited;
+  for (std::size_t i = 0; i < steps; ++i) {
+    spare_timing_.push_back(std::move(input_waits_[i].begin));
+    spare_timing_.push_back(std::move(input_waits_[i].complete));
   }
   input_waits_.erase(input_waits_.begin(),
                      input_waits_.begin() + static_cast<std::ptrdiff_t>(steps));

@@ -35,8 +35,9 @@ struct InputSlot {
   // copied: the slot is complete (after a gather from mapped host memory too); consumed: the
   // step that read it is done.
   Event uploaded, copied, consumed;
-  // A timing event recorded with `copied` (when the slot was complete), handed to the step
-  // that reads the slot, which times its stream's stall against it (null once handed over).
+  // A timing event recorded just before `copied` (when the slot was complete), handed to the
+  // step that reads the slot, which times its stream's stall against it (null once handed
+  // over).
   Event arrived;
   // The host batch whose inputs this slot holds or is receiving ahead of its step
   // (prefetch_inputs; null: none): its first host array and row count.
