@@ -93,11 +93,13 @@ def whole_units(rows, won, unit_rows, ranks):
     return rows % unit_rows == 0 and abs(rows - unit_rows * won) <= unit_rows * ranks
 
 
-def prometheus_values(text):
-    """Metric name -> value of a Prometheus text file's samples (labels are not expected),
-    checking the exposition format as node_exporter reads it: every sample after its family's
-    `# HELP` and `# TYPE` (gauge or counter) lines, one sample per family."""
+def prometheus_values(text, job):
+    """Metric name -> value of a Prometheus text file's job-level samples, checking the
+    exposition format as node_exporter reads it: every sample after its family's `# HELP` and
+    `# TYPE` (gauge or counter) lines, one sample per family, labelled locus_job="<job>" alone
+    (the file's name without `.prom`: what tells two jobs' files apart in one directory)."""
     values, helped, typed = {}, set(), set()
+    label = '{locus_job="%s"}' % job
     for line in text.splitlines():
         if line.startswith("# HELP "):
             helped.add(line.split(" ")[2])
@@ -107,7 +109,9 @@ def prometheus_values(text):
             check(name in helped, f"# TYPE of {name} before its # HELP")
             typed.add(name)
         elif line:
-            name, value = line.split(" ")
+            series, value = line.split(" ")
+            check(series.endswith(label), f"sample {line!r} is not labelled {label}")
+            name = series[:-len(label)]
             check(name in typed and name not in values, f"sample {line!r} without its own # TYPE")
             values[name] = float(value)
     check(text.endswith("\n"), "the file does not end with a newline")

@@ -591,7 +591,7 @@ def test_prometheus_file_follows_the_scoring(r, tmp):
             check(time.monotonic() < deadline, "the job did not end within 300 s")
             if os.path.exists(prom):  # replaced whole (rename): never half written
                 with open(prom) as f:
-                    seen.append(prometheus_values(f.read()))
+                    seen.append(prometheus_values(f.read(), "job"))
             if refused is None and seen and 0 < seen[-1].get("locus_infer_rows_done", 0) < 10000:
                 # Mid-run (and kept so while the second job runs): the file is the first's.
                 with suspended(job, r.ranks):
@@ -608,7 +608,7 @@ def test_prometheus_file_follows_the_scoring(r, tmp):
     expect_exit(refused, 2, f"output '{prom}' (infer.prometheus) is being written by another job")
     check(not os.path.exists(os.path.join(tmp, "other.h5")), "the refused job scored")
     with open(prom) as f:
-        final = prometheus_values(f.read())
+        final = prometheus_values(f.read(), "job")
     # The first version, before the first report, has only the job's state; the others all.
     for v in seen:
         if "locus_infer_units" not in v:

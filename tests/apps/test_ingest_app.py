@@ -436,7 +436,7 @@ def test_progress_lines_while_parsing(r, tmp):
     # ingest.prometheus: its last version says the job stopped with every unit and row parsed
     # (the rows to do are not known ahead: no locus_ingest_rows).
     with open(prom) as f:
-        v = prometheus_values(f.read())
+        v = prometheus_values(f.read(), "ingest")
     check(v["locus_ingest_running"] == 0 and v["locus_ingest_units"] == 20 and
           v["locus_ingest_units_done"] == 20 and v["locus_ingest_rows_done"] == 10000 and
           "locus_ingest_rows" not in v, f"ingest.prom: {v}", p)

@@ -193,12 +193,12 @@ def test_report_of_a_real_run(r, tmp):
     check("git_revision" in dom and "world_size" in dom, "the page lacks the provenance")
     # The Prometheus file of the finished job (its format: test_telemetry's strict parser).
     prom = open(os.path.join(tmp, "job.prom")).read()
-    for want in ("locus_train_running 0\n", "locus_train_step 378\n",
+    for want in ('locus_train_running{locus_job="job"} 0\n', 'locus_train_step{locus_job="job"} 378\n',
                  '# TYPE locus_rank_cpu_seconds_total counter\n'):
         check(want in prom, f"job.prom lacks {want!r}:\n{prom}")
     for rank in range(r.ranks):
-        check(re.search(rf'^locus_rank_resident_memory_bytes{{rank="{rank}",host="[^"]+"}} [0-9.e+]+$',
-                        prom, re.M), f"job.prom lacks rank {rank}'s RSS:\n{prom}")
+        check(re.search(rf'^locus_rank_resident_memory_bytes{{locus_job="job",rank="{rank}",host="[^"]+"}} '
+                        r'[0-9.e+]+$', prom, re.M), f"job.prom lacks rank {rank}'s RSS:\n{prom}")
 
 
 def test_report_of_a_requeued_run(r, tmp):

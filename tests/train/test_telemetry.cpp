@@ -16,10 +16,12 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agreed_error.hpp"
 #include "locus/io/json.hpp"
+#include "locus/io/progress_file.hpp"
 #include "locus/train/telemetry/telemetry.hpp"
 #include "shared_tmpdir.hpp"
 
@@ -45,7 +47,10 @@ std::string slurp(const std::string& path) {
 // sample; names and label names as the format allows; label values escaped; one HELP and one
 // TYPE per family, before its samples, whose lines are contiguous; counters end in _total; no
 // series twice. Returns sample name{labels} -> value; records a failure on any violation.
-std::map<std::string, double> parse_prometheus(const std::string& text) {
+// job (escaped as in the file) non-empty: every sample's first label must be
+// locus_job="<job>", which the returned keys leave out.
+std::map<std::string, double> parse_prometheus(const std::string& text,
+                                               std::string_view job = {}) {
   static const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) [^\n]+)");
   static const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter))");
   static const std::regex sample(
@@ -78,7 +83,17 @@ std::map<std::string, double> parse_prometheus(const std::string& text) {
         if (!current.empty()) closed.insert(current);
         current = name;
       }
-      const std::string key = name + m[2].str();
+      std::string labels = m[2].str();
+      if (!job.empty()) {
+        const std::string first = "{locus_job=\"" + std::string(job) + "\"";
+        EXPECT_TRUE(labels.starts_with(first)) << "line " << n << ": not " << first << ": " << line;
+        if (labels.starts_with(first)) {
+          labels = labels.size() > first.size() + 1 && labels[first.size()] == ','
+                       ? "{" + labels.substr(first.size() + 1)
+                       : "";
+        }
+      }
+      const std::string key = name + labels;
       EXPECT_TRUE(out.emplace(key, std::stod(m[5])).second) << "line " << n << ": twice: " << line;
     } else {
       ADD_FAILURE() << "line " << n << " is not Prometheus text format: '" << line << "'";
@@ -176,8 +191,10 @@ TEST(Telemetry, PrometheusTextFollowsTheFormat) {
   m.samples_per_s = 12345.5;
   m.data_wait_fraction = 0.01;
   m.lr = 1e-5;
-  const std::string text = prometheus_text(&m, {a, b}, {"node\"1", "n2"}, 1764045000.5, true);
-  const auto got = parse_prometheus(text);
+  // The job label on every series, escaped as any label value.
+  const std::string text =
+      prometheus_text("run\"7", &m, {a, b}, {"node\"1", "n2"}, 1764045000.5, true);
+  const auto got = parse_prometheus(text, R"(run\"7)");
   EXPECT_EQ(got.at("locus_train_step"), 300);
   EXPECT_EQ(got.at("locus_train_loss"), 0.375);
   EXPECT_EQ(got.at("locus_train_learning_rate"), 1e-5);
@@ -196,9 +213,20 @@ TEST(Telemetry, PrometheusTextFollowsTheFormat) {
   EXPECT_EQ(got.at(R"(locus_rank_gpu_utilization_ratio{rank="1",host="n2"})"), 0.87);
   EXPECT_EQ(got.at(R"(locus_rank_gpu_clock_hertz{rank="1",host="n2",clock="sm"})"), 1980e6);
   // Before the first interval and after the end.
-  const auto idle = parse_prometheus(prometheus_text(nullptr, {}, {}, 1.0, false));
+  const auto idle = parse_prometheus(prometheus_text("job", nullptr, {}, {}, 1.0, false), "job");
   EXPECT_EQ(idle.at("locus_train_running"), 0);
   EXPECT_EQ(idle.count("locus_train_step"), 0u);
+}
+
+// The job label's value: the file's name without its directory and a trailing ".prom" (names in
+// one directory are unique, so two jobs' files there never carry the same series).
+TEST(Telemetry, PrometheusJobIsTheFilesName) {
+  EXPECT_EQ(io::prometheus_job("/var/lib/node_exporter/infer-4121.prom"), "infer-4121");
+  EXPECT_EQ(io::prometheus_job("train.prom"), "train");
+  EXPECT_EQ(io::prometheus_job("dir.prom/metrics.txt"), "metrics.txt");
+  EXPECT_EQ(io::prometheus_job("a.prom.prom"), "a.prom");
+  EXPECT_EQ(io::prometheus_job(".prom"), ".prom");  // nothing would be left
+  EXPECT_EQ(io::prometheus_label_value("a\"b\\c\nd"), R"(a\"b\\c\nd)");
 }
 
 // The checker above is strict: what the format forbids fails it.
@@ -260,7 +288,7 @@ TEST(Telemetry, ObserverWritesLinesAndPrometheus) {
       m.loss = 1.0 / static_cast<double>(step);
       t.on_step(m);
       if (world().is_root()) {
-        const auto p = parse_prometheus(slurp(prom));
+        const auto p = parse_prometheus(slurp(prom), "job");
         EXPECT_EQ(p.at("locus_train_step"), static_cast<double>(step));
         EXPECT_EQ(p.at("locus_train_running"), 1);
         for (int r = 0; r < world().size(); ++r) {
@@ -273,7 +301,7 @@ TEST(Telemetry, ObserverWritesLinesAndPrometheus) {
     }
   }
   if (!world().is_root()) return;
-  const auto done = parse_prometheus(slurp(prom));
+  const auto done = parse_prometheus(slurp(prom), "job");
   EXPECT_EQ(done.at("locus_train_running"), 0) << "the end of the job is not in the file";
   EXPECT_EQ(done.at("locus_train_step"), 20) << "the last figures are kept at the end";
   std::ifstream in(metrics_path);
@@ -340,7 +368,7 @@ TEST(Telemetry, DisabledSamplesNothing) {
   }
   if (!world().is_root()) return;
   EXPECT_EQ(slurp(dir.file("m.jsonl")), "");
-  const auto p = parse_prometheus(slurp(dir.file("job.prom")));
+  const auto p = parse_prometheus(slurp(dir.file("job.prom")), "job");
   EXPECT_EQ(p.at("locus_train_step"), 7);
   for (const auto& [k, v] : p) EXPECT_FALSE(k.starts_with("locus_rank_")) << k;
 }

@@ -30,6 +30,32 @@ std::string failure(const std::string& path, const std::string& key, int err) {
 
 }  // namespace
 
+std::string prometheus_job(std::string_view path) {
+  const std::size_t slash = path.find_last_of('/');
+  std::string_view name = slash == std::string_view::npos ? path : path.substr(slash + 1);
+  constexpr std::string_view kExt = ".prom";
+  if (name.size() > kExt.size() && name.substr(name.size() - kExt.size()) == kExt) {
+    name.remove_suffix(kExt.size());
+  }
+  return std::string(name);
+}
+
+std::string prometheus_label_value(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 ProgressFile::ProgressFile(const mpi::Comm& comm, std::string path, std::string key,
                            std::string app)
     : path_(std::move(path)), key_(std::move(key)), app_(std::move(app)),
@@ -42,7 +68,8 @@ ProgressFile::ProgressFile(const mpi::Comm& comm, std::string path, std::string 
   lock_.emplace(OutputLock::acquire(comm, path_, key_, {}, OutputLock::Writer::rank_0));
   mpi::agree_on(comm, [&] {
     if (!root_) return;
-    if (const int err = replace_file(path_, text(app_, nullptr, true, unix_now()))) {
+    if (const int err =
+            replace_file(path_, text(app_, prometheus_job(path_), nullptr, true, unix_now()))) {
       throw IoError(failure(path_, key_, err));
     }
   });
@@ -73,7 +100,8 @@ void ProgressFile::finish(const comm::QueueProgress& p) {
 void ProgressFile::write(bool running) {
   if (path_.empty() || !root_) return;
   const comm::QueueProgress* figures = last_ ? &*last_ : nullptr;
-  const int err = replace_file(path_, text(app_, figures, running, unix_now()));
+  const int err = replace_file(path_, text(app_, prometheus_job(path_), figures, running,
+                                           unix_now()));
   if (err != 0 && !warned_) {  // told once; later rewrites still try (the disk may recover)
     warned_ = true;
     std::fprintf(stderr, "warning: %s; the job goes on and tries again with its next report\n",
@@ -82,14 +110,17 @@ void ProgressFile::write(bool running) {
   }
 }
 
-std::string ProgressFile::text(std::string_view app, const comm::QueueProgress* figures,
-                               bool running, double unix_time) {
+std::string ProgressFile::text(std::string_view app, std::string_view job,
+                               const comm::QueueProgress* figures, bool running,
+                               double unix_time) {
   std::string out;
+  const std::string label = prometheus_label_value(job);
   const auto series = [&](std::string_view name, const char* type, std::string_view help,
                           double v) {
     if (!std::isfinite(v)) return;
-    out += fmt::format("# HELP locus_{0}_{1} {2}\n# TYPE locus_{0}_{1} {3}\nlocus_{0}_{1} {4}\n",
-                       app, name, help, type, v);
+    out += fmt::format("# HELP locus_{0}_{1} {2}\n# TYPE locus_{0}_{1} {3}\n"
+                       "locus_{0}_{1}{{locus_job=\"{5}\"}} {4}\n",
+                       app, name, help, type, v, label);
   };
   series("running", "gauge",
          "1 from the job's start, 0 once it has ended (a job killed or aborted leaves 1: watch "

@@ -20,6 +20,7 @@
 #include "locus/comm/error.hpp"
 #include "locus/config.hpp"
 #include "locus/io/json.hpp"
+#include "locus/io/progress_file.hpp"
 #include "locus/io/text_file.hpp"
 #if LOCUS_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -159,17 +160,6 @@ bool any_gpu(const std::vector<RankSample>& ranks) {
 std::string prom_value(double v) { return fmt::format("{}", v); }
 
 // A label value, escaped as the exposition format says (\\, \", \n).
-std::string prom_label(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string Telemetry::to_json(std::int64_t step, double time,
@@ -188,16 +178,19 @@ std::string Telemetry::to_json(std::int64_t step, double time,
   return io::dump_json(j);
 }
 
-std::string prometheus_text(const StepMetrics* step, const std::vector<RankSample>& ranks,
+std::string prometheus_text(std::string_view job_name, const StepMetrics* step,
+                            const std::vector<RankSample>& ranks,
                             const std::vector<std::string>& hosts, double time, bool running) {
   std::string out;
+  const std::string job_label =
+      fmt::format("locus_job=\"{}\"", io::prometheus_label_value(job_name));
   auto family = [&](const char* name, const char* type, const char* help) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
   };
   auto job = [&](const char* name, const char* type, const char* help, double v) {
     if (!std::isfinite(v)) return;
     family(name, type, help);
-    out += fmt::format("{} {}\n", name, prom_value(v));
+    out += fmt::format("{}{{{}}} {}\n", name, job_label, prom_value(v));
   };
   job("locus_train_running", "gauge", "1 while locus-train trains, 0 once it has stopped.",
       running ? 1 : 0);
@@ -265,9 +258,9 @@ std::string prometheus_text(const StepMetrics* step, const std::vector<RankSampl
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       const double v = m.get(ranks[r]);
       if (!std::isfinite(v)) continue;
-      lines += fmt::format("{}{{rank=\"{}\",host=\"{}\"{}{}}} {}\n", m.name, r,
-                           prom_label(r < hosts.size() ? hosts[r] : ""), *m.extra ? "," : "",
-                           m.extra, prom_value(v));
+      lines += fmt::format("{}{{{},rank=\"{}\",host=\"{}\"{}{}}} {}\n", m.name, job_label, r,
+                           io::prometheus_label_value(r < hosts.size() ? hosts[r] : ""),
+                           *m.extra ? "," : "", m.extra, prom_value(v));
     }
     if (lines.empty()) continue;
     if (open_family != m.name) {
@@ -324,8 +317,9 @@ Telemetry::Telemetry(const mpi::Comm& comm, TelemetryOptions options, JsonlMetri
   if (!opts_.prometheus.empty()) {
     mpi::agree_on(comm_, [&] {
       if (!comm_.is_root()) return;
-      write_file_atomically(opts_.prometheus, prometheus_text(nullptr, {}, hosts_,
-                                                              unix_seconds(), true));
+      write_file_atomically(opts_.prometheus,
+                            prometheus_text(io::prometheus_job(opts_.prometheus), nullptr, {},
+                                            hosts_, unix_seconds(), true));
     });
   }
 }
@@ -336,8 +330,9 @@ Telemetry::~Telemetry() {
   if (comm_.is_root() && prometheus_ok_ && !opts_.prometheus.empty()) {
     try {
       write_file_atomically(opts_.prometheus,
-                            prometheus_text(last_step_ ? &*last_step_ : nullptr, last_,
-                                            hosts_, unix_seconds(), false));
+                            prometheus_text(io::prometheus_job(opts_.prometheus),
+                                            last_step_ ? &*last_step_ : nullptr, last_, hosts_,
+                                            unix_seconds(), false));
     } catch (...) {  // a destructor reports nothing more than the run already did
     }
   }
@@ -366,7 +361,8 @@ void Telemetry::on_step(const StepMetrics& m) {
   if (opts_.enabled && sink_ != nullptr) sink_->write_record(to_json(m.step, now, last_));
   if (!opts_.prometheus.empty() && prometheus_ok_) {
     try {
-      write_file_atomically(opts_.prometheus, prometheus_text(&m, last_, hosts_, now, true));
+      write_file_atomically(opts_.prometheus, prometheus_text(io::prometheus_job(opts_.prometheus),
+                                                              &m, last_, hosts_, now, true));
     } catch (const Error& e) {
       // Only rank 0 writes: throwing would strand its peers in the next collective. Reported
       // once; training goes on.

@@ -8,12 +8,23 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "locus/comm/mpi.hpp"
 #include "locus/comm/queue_progress.hpp"
 #include "locus/io/publish.hpp"
 
 namespace locus::io {
+
+// The value of the `locus_job` label that every series of locus's Prometheus files carries
+// (train.prometheus, infer.prometheus, ingest.prometheus): the file's name without its
+// directory and without a trailing ".prom". node_exporter's textfile collector refuses one
+// series in two files, and names in its directory are unique, so jobs that name their files
+// apart can share a node's directory.
+std::string prometheus_job(std::string_view path);
+// s as a label value of the text exposition format: backslash, double quote and newline
+// escaped.
+std::string prometheus_label_value(std::string_view s);
 
 class ProgressFile {
  public:
@@ -35,9 +46,10 @@ class ProgressFile {
   void finish(const comm::QueueProgress& p);
 
   // The file's text (Prometheus exposition format 0.0.4): whether the job runs, when, and the
-  // figures of p (none when p is null: before the first report).
-  static std::string text(std::string_view app, const comm::QueueProgress* p, bool running,
-                          double unix_time);
+  // figures of p (none when p is null: before the first report); every series labelled
+  // locus_job="<job>".
+  static std::string text(std::string_view app, std::string_view job,
+                          const comm::QueueProgress* p, bool running, double unix_time);
 
  private:
   void write(bool running);

@@ -86,9 +86,11 @@ struct RankSample {
 };
 
 // The Prometheus text exposition (format 0.0.4) of one interval: the step's figures as job-wide
-// gauges, every rank's sample as gauges and counters labelled {rank, host}; series whose value
+// gauges, every rank's sample as gauges and counters labelled {rank, host}, every series
+// labelled locus_job="<job>" first (io::prometheus_job of the file's path); series whose value
 // is missing are left out. `running` = 0 once the trainer is done.
-std::string prometheus_text(const StepMetrics* step, const std::vector<RankSample>& ranks,
+std::string prometheus_text(std::string_view job, const StepMetrics* step,
+                            const std::vector<RankSample>& ranks,
                             const std::vector<std::string>& hosts, double time, bool running);
 
 // Replaces `path` with `text` the way node_exporter's textfile collector expects: a temporary
