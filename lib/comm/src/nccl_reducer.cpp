@@ -10,6 +10,16 @@
 // PREVIOUS step, settle(), the destructor) it polls NCCL's asynchronous error state and gives
 // up after options.timeout_s (train.reducer_timeout_s) with an NcclError naming the collective.
 //
+// Timings (ReducerStats), on the device: a step's communication time runs from the moment its
+// first bucket may start (a timing event on the communication stream after its first wait on
+// the producer) to the end of its last bucket, and the part of it the step waited for from the
+// end of the producer's backward (a timing event on the producer's stream where finish() makes
+// it wait) to that same end. Each step's figures are read once its reduction is done (the next
+// finish(), or settle()), so the totals run one step behind. A time that cannot be read is left
+// out, never an error: the figures must not stop a training. The host's own time in
+// ready_from() and finish() (NCCL's enqueue; finish() waiting for the previous step) is
+// progress_s.
+//
 // train.reducer_precision = bf16: each bucket is rounded into a bf16 copy on the
 // communication stream, NCCL sums the copy in bf16, and the sum is widened back into the
 // bucket (nccl_bf16.hpp): half the bytes between the GPUs, 2 bytes of device memory a gradient.
@@ -56,6 +66,11 @@ class NcclReducer final : public GradientReducer {
       LOCUS_NCCL_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
       for (auto& e : done_) LOCUS_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      for (auto& t : timing_) {
+        LOCUS_NCCL_CUDA(cudaEventCreate(&t.started));
+        LOCUS_NCCL_CUDA(cudaEventCreate(&t.produced));
+        LOCUS_NCCL_CUDA(cudaEventCreate(&t.reduced));
+      }
       if (options_.precision == ReducePrecision::bf16 && size_ > 0) {
         LOCUS_NCCL_CUDA(cudaMalloc(&wire_, size_ * sizeof(std::uint16_t)));
       }
@@ -93,47 +108,33 @@ class NcclReducer final : public GradientReducer {
   // Launches every bucket now wholly inside [offset, N), after the work the producer's stream
   // has queued so far.
   void ready_from(std::size_t offset) override {
-    if (!in_step_) begin_step();
-    bool recorded = false;
-    while (next_ < buckets_.size() && buckets_[next_].offset >= offset) {
-      if (!recorded) {
-        LOCUS_NCCL_CUDA(cudaEventRecord(produced_, producer_));
-        LOCUS_NCCL_CUDA(cudaStreamWaitEvent(stream_, produced_, 0));
-        recorded = true;
-      }
-      const Bucket& b = buckets_[next_++];
-      float* p = data_ + b.offset;
-      const ncclRedOp_t op = options_.mode == ReduceMode::average ? ncclAvg : ncclSum;
-      if (wire_ == nullptr) {
-        nccl_->issued(ncclAllReduce(p, p, b.count, ncclFloat32, op, nccl_->get(), stream_),
-                      "ncclAllReduce");
-        continue;
-      }
-      std::uint16_t* w = wire_ + b.offset;
-      round_to_bf16(p, w, b.count, stream_);
-      nccl_->issued(ncclAllReduce(w, w, b.count, ncclBfloat16, op, nccl_->get(), stream_),
-                    "ncclAllReduce (bf16)");
-      widen_from_bf16(w, p, b.count, stream_);
-    }
+    const auto t0 = Clock::now();
+    enqueue_ready(offset);
+    add_host_time(t0);
   }
 
   // Enqueues the rest, makes the producer wait for it, and waits (on the host) only for the
   // previous step's reduction: the host stays one step ahead and a stuck peer is noticed.
   void finish() override {
     const auto t0 = Clock::now();
-    ready_from(0);
+    enqueue_ready(0);
+    StepTiming& t = timing_[static_cast<std::size_t>(step_parity_)];
     cudaEvent_t done = done_[step_parity_];
+    if (t.timed) {  // `reduced` before `done` on its stream: complete wherever `done` is
+      LOCUS_NCCL_CUDA(cudaEventRecord(t.reduced, stream_));
+      LOCUS_NCCL_CUDA(cudaEventRecord(t.produced, producer_));
+    }
     LOCUS_NCCL_CUDA(cudaEventRecord(done, stream_));
     LOCUS_NCCL_CUDA(cudaStreamWaitEvent(producer_, done, 0));
     cudaEvent_t previous = done_[step_parity_ ^ 1];
     nccl_->await("the gradient all-reduce of the previous step",
                   [&] { return event_done(previous); });
+    take_timing(step_parity_ ^ 1);
     step_parity_ ^= 1;
     in_step_ = false;
-    const double blocked = std::chrono::duration<double>(Clock::now() - t0).count();
     ++stats_.steps;
-    stats_.last.blocked_s = blocked;
-    stats_.total.blocked_s += blocked;
+    add_host_time(t0);
+    stats_.last.progress_s = step_host_s_;
   }
 
   // Waits for the last finished step's reduction -- all a producer's stream waits for (finish()
@@ -146,6 +147,7 @@ class NcclReducer final : public GradientReducer {
     cudaEvent_t last = done_[step_parity_ ^ 1];
     nccl_->await("the gradient all-reduce a host wait depends on",
                   [&] { return event_done(last); });
+    take_timing(step_parity_ ^ 1);
   }
 
   // Host data (rarely used): MPI on the reducer's own communicator.
@@ -170,6 +172,67 @@ class NcclReducer final : public GradientReducer {
   }
 
  private:
+  // Launches every bucket now wholly inside [offset, N), after the work the producer's stream
+  // has queued so far.
+  void enqueue_ready(std::size_t offset) {
+    if (!in_step_) begin_step();
+    bool recorded = false;
+    while (next_ < buckets_.size() && buckets_[next_].offset >= offset) {
+      if (!recorded) {
+        LOCUS_NCCL_CUDA(cudaEventRecord(produced_, producer_));
+        LOCUS_NCCL_CUDA(cudaStreamWaitEvent(stream_, produced_, 0));
+        StepTiming& t = timing_[static_cast<std::size_t>(step_parity_)];
+        if (!t.timed) {  // the step's first bucket may start here
+          LOCUS_NCCL_CUDA(cudaEventRecord(t.started, stream_));
+          t.timed = true;
+        }
+        recorded = true;
+      }
+      const Bucket& b = buckets_[next_++];
+      float* p = data_ + b.offset;
+      const ncclRedOp_t op = options_.mode == ReduceMode::average ? ncclAvg : ncclSum;
+      if (wire_ == nullptr) {
+        nccl_->issued(ncclAllReduce(p, p, b.count, ncclFloat32, op, nccl_->get(), stream_),
+                      "ncclAllReduce");
+        continue;
+      }
+      std::uint16_t* w = wire_ + b.offset;
+      round_to_bf16(p, w, b.count, stream_);
+      nccl_->issued(ncclAllReduce(w, w, b.count, ncclBfloat16, op, nccl_->get(), stream_),
+                    "ncclAllReduce (bf16)");
+      widen_from_bf16(w, p, b.count, stream_);
+    }
+  }
+
+  // One step's timing events (ReducerStats, on the device): `started` on the communication
+  // stream where its first bucket may start, `reduced` there after its last bucket, `produced`
+  // on the producer's stream where finish() makes it wait (its backward done).
+  struct StepTiming {
+    cudaEvent_t started = nullptr, reduced = nullptr, produced = nullptr;
+    bool timed = false;  // started is recorded for the step in this slot, not yet read
+  };
+
+  // The figures of the step in timing_[parity], once its reduction is done: added to the
+  // stats, or left out where an event cannot be read yet (the producer's may lag its `done`
+  // when finish() had no bucket left to launch) -- never an error.
+  void take_timing(int parity) {
+    StepTiming& t = timing_[static_cast<std::size_t>(parity)];
+    if (!t.timed) return;
+    t.timed = false;
+    float comm_ms = 0, exposed_ms = 0;
+    if (cudaEventElapsedTime(&comm_ms, t.started, t.reduced) != cudaSuccess ||
+        cudaEventElapsedTime(&exposed_ms, t.produced, t.reduced) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the next check must report its own
+      return;
+    }
+    const double comm = std::max(0.0, static_cast<double>(comm_ms) * 1e-3);
+    const double exposed = std::clamp(static_cast<double>(exposed_ms) * 1e-3, 0.0, comm);
+    stats_.last.comm_s = comm;
+    stats_.last.blocked_s = exposed;
+    stats_.total.comm_s += comm;
+    stats_.total.blocked_s += exposed;
+  }
+
   // The stream and events (the communicator is closed first). Never throws.
   void release() noexcept {
     if (stream_ != nullptr) {
@@ -183,6 +246,12 @@ class NcclReducer final : public GradientReducer {
     for (auto& e : done_) {
       if (e != nullptr) cudaEventDestroy(e);
       e = nullptr;
+    }
+    for (auto& t : timing_) {
+      for (cudaEvent_t* e : {&t.started, &t.reduced, &t.produced}) {
+        if (*e != nullptr) cudaEventDestroy(*e);
+        *e = nullptr;
+      }
     }
     produced_ = nullptr;
   }
@@ -205,6 +274,16 @@ class NcclReducer final : public GradientReducer {
   void begin_step() {
     next_ = 0;
     in_step_ = true;
+    step_host_s_ = 0;
+    // Its slot's last step (two back) was read by the finish() before this step; a step that
+    // never finished (its caller gave up) left nothing that may be read.
+    timing_[static_cast<std::size_t>(step_parity_)].timed = false;
+  }
+
+  void add_host_time(Clock::time_point since) {
+    const double s = std::chrono::duration<double>(Clock::now() - since).count();
+    step_host_s_ += s;
+    stats_.total.progress_s += s;
   }
 
   mpi::Comm comm_;
@@ -215,12 +294,14 @@ class NcclReducer final : public GradientReducer {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t produced_ = nullptr;
   std::array<cudaEvent_t, 2> done_{};
+  std::array<StepTiming, 2> timing_{};  // by step parity, as done_
   std::uint16_t* wire_ = nullptr;  // bf16 sums: the buffer's bf16 copy (else null)
   int step_parity_ = 0;
   std::optional<NcclComm> nccl_;  // closed in the destructor, before the stream goes
   std::vector<Bucket> buckets_;
   std::size_t next_ = 0;
   bool in_step_ = false;
+  double step_host_s_ = 0;  // the host's time in this step's ready_from() and finish() calls
   ReducerStats stats_;
 };
 

@@ -4,7 +4,8 @@
 // against MPI's sum divided by the size. Where the ranks share a GPU (2 ranks on a 1-GPU host)
 // NCCL cannot form one communicator: then the refusal itself is checked, with the reason
 // train.reducer = auto prints before it falls back to the host-staged reducer. A reduction a
-// peer never joins ends in an NcclError within the timeout, the communicator aborted.
+// peer never joins ends in an NcclError within the timeout, the communicator aborted. The
+// reducer's communication time and the part of it waited for are timed on the device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -143,6 +144,70 @@ TEST_F(NcclReducer, StreamsBucketsAfterTheProducerAndMatchesMpi) {
   }
   cudaFree(slow);
   cudaFreeHost(pinned);
+  cudaFree(d);
+}
+
+// The reducer's times come from the device: a step's communication from where its first
+// bucket may start to the end of its last, and the part the producer's stream waited for after
+// its backward. Buckets all ready before the producer's long last "layer" (copies of 256 MiB,
+// about 80 ms on an H200) are hidden behind it; buckets made ready only by finish(), after it,
+// are waited for whole. Each step's figures are in the totals once its reduction is done.
+TEST_F(NcclReducer, ReductionTimesAndTheirHiddenShareComeFromTheDevice) {
+  const mpi::Comm world = mpi::Comm::world();
+  constexpr std::size_t n = std::size_t{1} << 20;
+  float* d = nullptr;
+  CU(cudaMalloc(&d, n * sizeof(float)));
+  CU(cudaMemset(d, 0, n * sizeof(float)));
+  GradientBuffer g{d, n, MemorySpace::cuda, producer_};
+  if (const std::string why = reason(g); !why.empty()) {
+    cudaFree(d);
+    if (test::nccl_required()) FAIL() << "LOCUS_REQUIRE_NCCL=1, but NCCL refused: " << why;
+    GTEST_SKIP() << "the NCCL path needs a GPU per rank here: " << why;
+  }
+  constexpr std::size_t kSlow = std::size_t{64} << 20;  // floats: 256 MiB a copy
+  float* slow = nullptr;
+  CU(cudaMalloc(&slow, 2 * kSlow * sizeof(float)));
+  auto long_layer = [&] {
+    for (int i = 0; i < 640; ++i) {
+      CU(cudaMemcpyAsync(slow + kSlow, slow, kSlow * sizeof(float), cudaMemcpyDeviceToDevice,
+                         producer_));
+    }
+  };
+  ReducerOptions o;
+  o.backend = ReducerBackend::nccl;
+  o.bucket_bytes = std::size_t{1} << 20;
+  o.timeout_s = 30;
+  auto reducer = make_nccl_reducer(world, g, o);
+  struct Times {
+    double comm = 0, blocked = 0;
+  };
+  auto run = [&](bool ready_first) {
+    const ReduceTimes before = reducer->stats().total;
+    for (int step = 0; step < 4; ++step) {
+      if (ready_first) reducer->ready_from(0);
+      long_layer();
+      reducer->finish();
+    }
+    reducer->settle(producer_);
+    const ReduceTimes after = reducer->stats().total;
+    return Times{after.comm_s - before.comm_s, after.blocked_s - before.blocked_s};
+  };
+  const Times hidden = run(true), exposed = run(false);
+  EXPECT_EQ(reducer->stats().steps, 8);
+  for (const Times& t : {hidden, exposed}) {
+    EXPECT_GE(t.blocked, 0.0);
+    EXPECT_LE(t.blocked, t.comm) << "a wait longer than the communication";
+  }
+  // Hidden: the producer's stream reached its wait long after the reduction ended.
+  EXPECT_LE(hidden.blocked, 0.2 * hidden.comm + 1e-5)
+      << "comm " << hidden.comm << " s, blocked " << hidden.blocked << " s";
+  if (world.size() > 1) {  // at 1 rank an in-place all-reduce is next to no time
+    EXPECT_GT(hidden.comm, 0.0);
+    EXPECT_GE(exposed.blocked, 0.5 * exposed.comm)
+        << "comm " << exposed.comm << " s, blocked " << exposed.blocked << " s";
+  }
+  reducer.reset();
+  cudaFree(slow);
   cudaFree(d);
 }
 

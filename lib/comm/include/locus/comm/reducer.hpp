@@ -96,13 +96,20 @@ struct ReducerOptions {
   double timeout_s = 600;
 };
 
-// Timings of the streaming path (seconds).
+// Timings of the streaming path (seconds). Host reducers (MPI, host-staged) time them on the
+// host; the NCCL reducer on the device, with events, and adds each step's once its reduction
+// is done (the next finish() or settle(): its totals run one step behind).
 struct ReduceTimes {
-  // From the first chunk launched to the last chunk seen complete: the communication time.
+  // From the first chunk launched to the last chunk seen complete: the communication time
+  // (NCCL: from where the first bucket may start on the communication stream to the end of
+  // the last).
   double comm_s = 0;
-  // Time spent inside finish(): the part of comm_s the caller waited for.
+  // Time spent inside finish(): the part of comm_s the caller waited for (NCCL: the part the
+  // producer's stream waited for after its backward pass).
   double blocked_s = 0;
-  // Time spent inside ready_from() (MPI_Test, local reductions): work taken from compute.
+  // Time spent inside ready_from() (MPI_Test, local reductions): work taken from compute
+  // (NCCL: the host's time in ready_from() and finish(), enqueueing and waiting for the
+  // previous step).
   double progress_s = 0;
   // Share of the communication hidden behind compute: 1 - blocked/comm, in [0, 1]. Over
   // shared-memory MPI the CPU itself moves the bytes inside ready_from()/finish(), so this
