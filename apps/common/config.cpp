@@ -178,8 +178,9 @@ void add_prometheus_option(Config& c, const std::string& key, std::string& targe
         "Prometheus text file rank 0 rewrites (temporary file + rename) with every progress "
         "line and when the job ends: units and rows done, rate, time left, re-runs, for "
         "node_exporter's textfile collector (empty: none): a .prom name in a directory that "
-        "exists on rank 0's node; the job holds the file's output lock, so a second job naming "
-        "it is refused");
+        "exists on rank 0's node, one per job (the name without .prom labels every series "
+        "locus_job); the job holds the file's output lock, so a second job naming it is "
+        "refused");
 }
 
 const std::vector<std::string>& pipeline_sections() {

@@ -182,7 +182,8 @@ void TrainSettings::register_options(Config& c) {
   c.add("train.prometheus", prometheus,
         "Prometheus text file rank 0 rewrites (temporary file + rename) every log interval: "
         "step, loss, throughput, data wait and the telemetry, for node_exporter's textfile "
-        "collector (empty: none); its directory must exist, and the job holds the file's output "
+        "collector (empty: none), one .prom name per job (the name without .prom labels every "
+        "series locus_job); its directory must exist, and the job holds the file's output "
         "lock: a second job naming it is refused");
   c.add_choice("loader.shuffle", shuffle, {"global", "local"},
                "global: one permutation of the whole set per epoch (any rank count sees the "

@@ -212,17 +212,27 @@ class NcclReducer final : public GradientReducer {
     bool timed = false;  // started is recorded for the step in this slot, not yet read
   };
 
-  // The figures of the step in timing_[parity], once its reduction is done: added to the
-  // stats, or left out where an event cannot be read yet (the producer's may lag its `done`
-  // when finish() had no bucket left to launch) -- never an error.
+  // The figures of the step in timing_[parity], once its reduction is done (`started` and
+  // `reduced` precede `done` on the communication stream: complete). `produced` may not be:
+  // the producer had not reached it when the reduction ended, so the step waited for nothing
+  // (a hidden reduction; reading the time would fail). A time that cannot be read otherwise is
+  // left out, never an error: the figures must not stop a training.
   void take_timing(int parity) {
     StepTiming& t = timing_[static_cast<std::size_t>(parity)];
     if (!t.timed) return;
     t.timed = false;
     float comm_ms = 0, exposed_ms = 0;
-    if (cudaEventElapsedTime(&comm_ms, t.started, t.reduced) != cudaSuccess ||
-        cudaEventElapsedTime(&exposed_ms, t.produced, t.reduced) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: the next check must report its own
+    bool read = cudaEventElapsedTime(&comm_ms, t.started, t.reduced) == cudaSuccess;
+    if (read) {
+      const cudaError_t produced = cudaEventQuery(t.produced);
+      if (produced == cudaSuccess) {
+        read = cudaEventElapsedTime(&exposed_ms, t.produced, t.reduced) == cudaSuccess;
+      } else {
+        read = produced == cudaErrorNotReady;  // after `reduced`: nothing waited
+      }
+    }
+    if (!read) {
+      cudaGetLastError();  // a failed read's own error, not sticky: clear it
       return;
     }
     const double comm = std::max(0.0, static_cast<double>(comm_ms) * 1e-3);
@@ -275,9 +285,6 @@ class NcclReducer final : public GradientReducer {
     next_ = 0;
     in_step_ = true;
     step_host_s_ = 0;
-    // Its slot's last step (two back) was read by the finish() before this step; a step that
-    // never finished (its caller gave up) left nothing that may be read.
-    timing_[static_cast<std::size_t>(step_parity_)].timed = false;
   }
 
   void add_host_time(Clock::time_point since) {

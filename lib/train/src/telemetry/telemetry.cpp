@@ -159,7 +159,6 @@ bool any_gpu(const std::vector<RankSample>& ranks) {
 // A Prometheus sample value: Go's float syntax accepts what fmt's shortest round trip writes.
 std::string prom_value(double v) { return fmt::format("{}", v); }
 
-// A label value, escaped as the exposition format says (\\, \", \n).
 }  // namespace
 
 std::string Telemetry::to_json(std::int64_t step, double time,
