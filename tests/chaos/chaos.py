@@ -412,7 +412,9 @@ def metric_stable(obj):
     if kind == "run":
         if obj.get("step", 0) > 0:
             return None  # a resumed run's own `run` line (the reference has none)
-        out = {k: v for k, v in obj.items() if k not in ("time", "run_id")}
+        # lock_wait_s is measured: a rerun may wait some milliseconds for its output's lock
+        # while its killed predecessor's ranks exit (docs/FORMATS.md, "Run lines").
+        out = {k: v for k, v in obj.items() if k not in ("time", "run_id", "lock_wait_s")}
         if isinstance(out.get("config"), str):
             out["config"] = RESUME_LINE.sub("", out["config"])
         return out
