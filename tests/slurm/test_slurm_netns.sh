@@ -35,8 +35,9 @@ if ! bash "$nodes_sh" check; then
   echo "SKIP: cannot make nodes with a network of their own here (need root, ip netns, veth, bridge, tc tbf)"
   exit 77
 fi
-# 79 steps an epoch (global batch 128); every rank waits 40 ms a step, so the first runs are
-# still training when their nodes are cut off past step $cut_at. B's stranded predecessor
+# 79 steps an epoch (global batch 128); every rank waits 80 ms a step, so the first runs are
+# still training when their nodes are cut off past step $cut_at (with 40 ms one job could
+# finish before its turn on a loaded 2-core machine, where a cut takes seconds). B's stranded predecessor
 # lives $b_watchdog s after the cut; its rerun starts about 65 s after it (Slurm's detection,
 # the job's end on the nodes it can reach, cred_expire), so it has to wait.
 readonly steps=$((2 * 79)) cut_at=45 b_watchdog=120
@@ -80,7 +81,7 @@ slurm_wait_state "$ingest" COMPLETED 120 || slurm_fail "the ingest job failed: $
 # ck-NAME, model NAME.h5) on whole nodes, so that the two jobs never share one; prints the job
 # id.
 submit() {
-  LOCUS_TEST_HOOK=train-step:delay40 LOCUS_TEST_REQUEUE_WAIT_S=0 slurm_submit -N 2 --ntasks=4 \
+  LOCUS_TEST_HOOK=train-step:delay80 LOCUS_TEST_REQUEUE_WAIT_S=0 slurm_submit -N 2 --ntasks=4 \
     --ntasks-per-node=2 --exclusive -o "$1.log" "$LOCUS_REPO/slurm/train.sbatch" "${train_args[@]}" \
     "--train.output=$1.h5" "--train.metrics=$1.jsonl" "--checkpoint.dir=ck-$1" \
     --checkpoint.every_steps=20 "--train.watchdog_s=$2"
@@ -103,12 +104,14 @@ cut_node[A]=${first_b[A]}
 cut_node[B]=${first_a[B]}
 [ "$(slurm_job_field "${job[B]}" BatchHost)" = "${cut_node[B]}" ] ||
   slurm_fail "job B: ranks 0,1 run on ${cut_node[B]}, its batch host is $(slurm_job_field "${job[B]}" BatchHost)"
-# Whether job $1 is past step $cut_at; fails the test at once if it has ended.
+# Whether job $1 is past step $cut_at; fails the test at once if it has ended (asked of Slurm
+# only while the job is not past it, so that a job past it is cut at once).
 past_cut() {
+  [ "$(last_step "$1")" -ge $cut_at ] && return 0
   case " $SLURM_FINAL_STATES " in
     *" $(slurm_job_field "${job[$1]}" JobState) "*) slurm_fail "job $1 (${job[$1]}) ended $(slurm_job_field "${job[$1]}" JobState) before its node was cut off" ;;
   esac
-  [ "$(last_step "$1")" -ge $cut_at ]
+  return 1
 }
 # Each job loses its node as soon as it is past step $cut_at: one may start seconds after the
 # other, and waiting for both would leave the first only a few steps before its end.
