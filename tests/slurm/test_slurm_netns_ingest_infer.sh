@@ -38,8 +38,8 @@ export LSC_LIFETIME=600
 # about 8 units a rank, 32 s a run, however fast the machine; the cut comes in its first
 # seconds. The four jobs are found and cut one after the other, 7-10 s each on a loaded
 # 2-core machine (measured: with 1.5 s a unit, 12 s a run, the last job could finish before
-# its turn; the last cut came 27 s after the jobs started with 4 s). The same unit size for the ingests compared (statistics depend
-# on it).
+# its turn; the last cut came 27 s after the jobs started with 4 s). The same unit size for
+# the ingests compared (statistics depend on it).
 readonly unit_bytes=$((334 * 784)) unit_rows=334 slow_ms=4000
 fm_args=("--ingest.images=$LOCUS_FM_DATA/t10k-images-idx3-ubyte.gz"
   "--ingest.labels=$LOCUS_FM_DATA/t10k-labels-idx1-ubyte.gz" "--ingest.unit_bytes=$unit_bytes")
