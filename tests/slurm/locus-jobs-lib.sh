@@ -152,13 +152,23 @@ locus_reference_wait() {
 }
 
 # "RANK HOST" for every live process named $2 of Slurm job $1: its world rank and the host name
-# of its UTS namespace.
+# of its UTS namespace. Each process's environment is read by the shell itself: forking tools
+# for each rank of the machine took seconds a call on 2 loaded cores (the stranded ranks of
+# cut-off nodes spinning), which the node-loss tests' loops cannot afford.
 locus_job_ranks() {
-  local p env
+  local p v rank mine
+  local -a env
   for p in $(pgrep -x "$2" || true); do
-    env=$({ tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null) || continue
-    grep -qx "SLURM_JOB_ID=$1" <<<"$env" || continue
-    echo "$(sed -n 's/^OMPI_COMM_WORLD_RANK=//p' <<<"$env") $(nsenter --uts --target "$p" hostname 2>/dev/null || echo -)"
+    mapfile -d '' -t env 2>/dev/null <"/proc/$p/environ" || continue
+    rank="" mine=0
+    for v in "${env[@]}"; do
+      case $v in
+        "SLURM_JOB_ID=$1") mine=1 ;;
+        OMPI_COMM_WORLD_RANK=*) rank=${v#OMPI_COMM_WORLD_RANK=} ;;
+      esac
+    done
+    [ $mine = 1 ] || continue
+    echo "$rank $(nsenter --uts --target "$p" hostname 2>/dev/null || echo -)"
   done | sort -n
 }
 
