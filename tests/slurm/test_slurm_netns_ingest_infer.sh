@@ -2,10 +2,10 @@
 # A node lost mid-job by the two apps whose batch scripts do not ask for --requeue: ingests
 # (slurm/ingest.sbatch) and scoring jobs (slurm/infer.sbatch), 2 whole nodes x 2 tasks each on
 # 8 nodes with a network of their own (slurm-cluster.sh --netns, as test_slurm_netns.sh):
-#  - jobs I and IB ingest Fashion-MNIST's test set (every unit slowed by 6 s: about 48 s of
+#  - jobs I and IB ingest Fashion-MNIST's test set (every unit slowed by 1.5 s: about 12 s of
 #    work);
-#  - jobs S and SB score it with a model file (every rank sleeps 6 s before each unit: about
-#    48 s).
+#  - jobs S and SB score it with a model file (every rank sleeps 1.5 s before each unit: about
+#    12 s).
 # Once a job has its four ranks on two hosts (and, scoring, its temporary output), one of its
 # nodes loses its network for good (its processes keep running, cut off): for I and S the node
 # of ranks 2,3 -- the ingest's peers then wait in its collectives after parsing, the scorer's in
@@ -34,14 +34,15 @@ if ! bash "$nodes_sh" check; then
   exit 77
 fi
 export LSC_LIFETIME=600
-# 30 units of 334 records (Fashion-MNIST's test set, 10000 images) in both jobs, 6 s each:
-# about 8 units a rank, 48 s a run, however fast the machine; the cut comes in its first
+# 30 units of 334 records (Fashion-MNIST's test set, 10000 images) in both jobs, 1.5 s each:
+# about 8 units a rank, 12 s a run, however fast the machine; the cut comes in its first
 # seconds. The four jobs are found and cut one after the other: on a loaded 2-core machine
 # that took 7-10 s a job while finding a job's ranks forked tools for every rank (now
-# locus_job_ranks reads them in the shell), and a job could finish before its turn (1.5 s a
-# unit, 12 s a run, failed there; so did 4 s once). The same unit size for the ingests
-# compared (statistics depend on it).
-readonly unit_bytes=$((334 * 784)) unit_rows=334 slow_ms=6000
+# locus_job_ranks reads them in the shell), and the last job could finish before its turn.
+# Longer units do not help: the batch-node jobs' reruns must start while their stranded
+# predecessor still holds the output's lock (6 s units moved them past its watchdog). The
+# same unit size for the ingests compared (statistics depend on it).
+readonly unit_bytes=$((334 * 784)) unit_rows=334 slow_ms=1500
 fm_args=("--ingest.images=$LOCUS_FM_DATA/t10k-images-idx3-ubyte.gz"
   "--ingest.labels=$LOCUS_FM_DATA/t10k-labels-idx1-ubyte.gz" "--ingest.unit_bytes=$unit_bytes")
 
@@ -112,7 +113,7 @@ temp_of() { echo ".$1.locus-tmp"; }
 # is armed (the work directory is new: the lock file holds a record once a job took it; asking
 # flock(1) would take the lock for an instant, which could refuse the job); a scorer also has
 # its temporary output (it creates it before the first unit). An ingest then parses for about
-# 48 s before it writes. Fails the test at once if the job has ended: asked of Slurm only when
+# 12 s before it writes. Fails the test at once if the job has ended: asked of Slurm only when
 # the job is not seen mid-run, so that a loop over four jobs stays fast under load.
 mid_run() {
   # The files first: finding the ranks forks several processes per rank of the machine, which
