@@ -14,4 +14,7 @@ cd "$root/build"
 # 1-rank unit tests. Running more at once does not pay there: waiting MPI ranks poll
 # (mpi_yield_when_idle only yields the core), so two such tests side by side slow each other
 # 2-4x; ctest -j4 was no faster than -j2 (README, "CI").
-ctest -j "$(nproc)" --output-on-failure "$@"
+# Tests labelled long are left out unless LOCUS_LONG_TESTS=1 (README, "Tests": what they are).
+long=(-LE '^long$')
+[[ ${LOCUS_LONG_TESTS:-0} == 1 ]] && long=()
+ctest -j "$(nproc)" --output-on-failure "${long[@]}" "$@"
