@@ -2,6 +2,7 @@
 #include "locus/comm/test_hook.hpp"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +61,24 @@ SlowDown test_hook_slowdown(const char* point) {
   if (action.rfind("slow", 0) == 0) s.factor = std::max(1.0, std::atof(action.c_str() + 4));
   if (action.rfind("delay", 0) == 0) s.extra_ms = std::max(0.0, std::atof(action.c_str() + 5));
   return s;
+}
+
+void test_hold(const char* point) {
+  const char* spec = std::getenv("LOCUS_TEST_HOLD");
+  if (spec == nullptr) return;
+  const std::string s(spec), p(point);
+  if (s.size() <= p.size() + 1 || s.compare(0, p.size(), p) != 0 || s[p.size()] != ':') return;
+  const std::string path = s.substr(p.size() + 1);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return;
+  announce(point, "held until " + path + " exists");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (::stat(path.c_str(), &st) != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::chrono::duration<double> held = std::chrono::steady_clock::now() - t0;
+  char what[64];
+  std::snprintf(what, sizeof what, "released after %.1f s", held.count());
+  announce(point, what);
 }
 
 void test_hook(const char* point) {

@@ -126,6 +126,7 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
   const detail::UnitGrid grid{begin, end, job.layout.unit_rows};
   const auto& slow = job.opts.slow_ranks;
   const bool is_slow = std::find(slow.begin(), slow.end(), comm.rank()) != slow.end();
+  test_hold("infer-score");  // the output's temporary file made, no unit scored yet
   comm.barrier();
   const double t0 = MPI_Wtime();
   Scored res;

@@ -243,6 +243,7 @@ std::vector<IngestRankStats> gather_stats(const mpi::Comm& comm, const IngestRan
 }  // namespace
 
 ParsedUnits parse_units(const mpi::Comm& comm, UnitSource& src, const UnitLoopOptions& opts) {
+  test_hold("ingest-parse");  // before the work queue's collective window
   UnitLoop loop(comm, src, opts);
   loop.run();
   const comm::WorkQueue::Summary q =

@@ -9,6 +9,13 @@
 // `slow<F>` (F times slower: the caller waits F - 1 times the work it just did, as a slower
 // node would) or `delay<MS>` (MS milliseconds more per occurrence), e.g.
 // `LOCUS_TEST_HOOK=ingest-unit:slow4@1` makes world rank 1 parse each ingest unit 4x slower.
+//
+// Hold points (test_hold) stop the job at a place of the test's choosing until the test lets it
+// go: `LOCUS_TEST_HOLD=<point>:<path>` makes every rank that reaches `point` wait there until
+// `path` exists. A test that must act on a job mid-run (cut its node's network, say) holds it
+// there, acts, then creates the file: the job cannot finish before the test had its turn, however
+// loaded the machine. The variable is separate from LOCUS_TEST_HOOK, so one job can be both held
+// and slowed.
 #pragma once
 
 #include <string>
@@ -34,5 +41,10 @@ struct SlowDown {
   bool active() const noexcept { return factor > 1.0 || extra_ms > 0.0; }
 };
 SlowDown test_hook_slowdown(const char* point);
+
+// Waits, if LOCUS_TEST_HOLD names `point`, until its path exists (polled every 20 ms; announced
+// on stderr when the wait starts and ends). Call it outside any collective or one-sided epoch:
+// the other ranks of the job may be waiting in the next collective meanwhile.
+void test_hold(const char* point);
 
 }  // namespace locus
