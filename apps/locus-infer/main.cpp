@@ -83,8 +83,20 @@ int main(int argc, char** argv) {
            {opts.output, "infer.output"},
            {opts.report.empty() ? opts.output + ".report.json" : opts.report, "infer.report"}});
     });
-    locus::io::ProgressFile prometheus(world, settings.prometheus, "infer.prometheus", "infer");
+    locus::io::ProgressFile prometheus(world, settings.prometheus, "infer.prometheus", "infer",
+                                       {"score", "commit"});
     opts.on_progress = locus::app::progress_sink(world, "scoring", "rows", prometheus);
+    if (world.is_root()) {
+      // After the last progress line: the rows committed, a full run's file published.
+      opts.on_commit = [&](const locus::comm::QueueProgress& scored) {
+        prometheus.phase("commit", scored);
+        if (opts.progress_s <= 0) return;
+        fmt::print("committing: {} rows scored in {:.2f} s; making {} durable{}\n",
+                   scored.counts.amount, scored.seconds, opts.output,
+                   opts.incremental ? "" : " and publishing it");
+        std::fflush(stdout);
+      };
+    }
     const auto result = locus::infer::run_inference(world, opts);
     const auto rows = static_cast<std::int64_t>(result.row_end - result.row_begin);
     prometheus.finish({{result.units, result.units, rows, result.speculative_runs}, rows,

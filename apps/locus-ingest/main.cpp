@@ -79,6 +79,31 @@ void print_summary(const locus::io::IngestOptions& opts, const locus::io::Ingest
   print_schedule(r.schedule);
 }
 
+// The line rank 0 prints as a phase after the parse begins (with ingest.progress_s > 0): after
+// the last progress line a large ingest still checks its gates and writes for minutes.
+void print_phase(const locus::io::IngestOptions& opts, const locus::io::IngestPhase& ph) {
+  using Kind = locus::io::IngestPhase::Kind;
+  switch (ph.kind) {
+    case Kind::gates:
+      fmt::print("gates: {} rows parsed in {:.2f} s; checking them against the quality gates\n",
+                 ph.rows, ph.seconds_before);
+      break;
+    case Kind::write:
+      fmt::print("writing: {} rows x {} features ({:.1f} MiB) {} {} (collective); the gates "
+                 "passed in {:.2f} s\n",
+                 ph.rows, ph.cols,
+                 static_cast<double>(ph.rows) * static_cast<double>(ph.cols) * sizeof(float) /
+                     (1024.0 * 1024.0),
+                 opts.append ? "appended to a copy of" : "into", opts.output, ph.seconds_before);
+      break;
+    case Kind::commit:
+      fmt::print("committing: {} written in {:.2f} s; making it durable and publishing it\n",
+                 opts.output, ph.seconds_before);
+      break;
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -106,8 +131,15 @@ int main(int argc, char** argv) {
            {settings.csv, "ingest.csv"}, {settings.join, "ingest.join"},
            {settings.reference, "gates.reference"}});
     });
-    locus::io::ProgressFile prometheus(world, settings.prometheus, "ingest.prometheus", "ingest");
+    locus::io::ProgressFile prometheus(world, settings.prometheus, "ingest.prometheus", "ingest",
+                                       {"parse", "gates", "write", "commit"});
     opts.on_progress = locus::app::progress_sink(world, "parsing", "rows", prometheus);
+    if (world.is_root()) {
+      opts.on_phase = [&](const locus::io::IngestPhase& ph) {
+        prometheus.phase(locus::io::phase_name(ph.kind), ph.parse);
+        if (opts.progress_s > 0) print_phase(opts, ph);
+      };
+    }
     const auto result = locus::io::run_ingest(world, opts);
     std::int64_t rows = 0, reruns = 0;
     for (const auto& r : result.schedule.per_rank) {

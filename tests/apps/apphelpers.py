@@ -2,6 +2,7 @@
 import contextlib
 import os
 import signal
+import re
 import subprocess
 import sys
 import tempfile
@@ -94,26 +95,33 @@ def whole_units(rows, won, unit_rows, ranks):
 
 
 def prometheus_values(text, job):
-    """Metric name -> value of a Prometheus text file's job-level samples, checking the
-    exposition format as node_exporter reads it: every sample after its family's `# HELP` and
-    `# TYPE` (gauge or counter) lines, one sample per family, labelled locus_job="<job>" alone
-    (the file's name without `.prom`: what tells two jobs' files apart in one directory)."""
-    values, helped, typed = {}, set(), set()
-    label = '{locus_job="%s"}' % job
+    """Series -> value of a Prometheus text file's samples, checking the exposition format as
+    node_exporter reads it: every sample after its family's `# HELP` and `# TYPE` (gauge or
+    counter) lines, each family's samples together and no series twice, every sample labelled
+    locus_job="<job>" first (the file's name without `.prom`: what tells two jobs' files apart
+    in one directory). A sample with that label alone is keyed by its metric name; one with
+    more labels by the name and the others, as `locus_ingest_phase{phase="write"}`."""
+    values, helped, typed = {}, set(), []
+    first = 'locus_job="%s"' % job
     for line in text.splitlines():
         if line.startswith("# HELP "):
             helped.add(line.split(" ")[2])
         elif line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
             check(kind in ("gauge", "counter"), f"{name}: type {kind!r}")
-            check(name in helped, f"# TYPE of {name} before its # HELP")
-            typed.add(name)
+            check(name in helped and name not in typed, f"# TYPE of {name} before its # HELP, "
+                  "or twice")
+            typed.append(name)
         elif line:
             series, value = line.split(" ")
-            check(series.endswith(label), f"sample {line!r} is not labelled {label}")
-            name = series[:-len(label)]
-            check(name in typed and name not in values, f"sample {line!r} without its own # TYPE")
-            values[name] = float(value)
+            m = re.fullmatch(r'([a-z_]+)\{(.*)\}', series)
+            check(m is not None and (m[2] == first or m[2].startswith(first + ",")),
+                  f"sample {line!r} is not labelled {first} first")
+            name, rest = m[1], m[2][len(first) + 1:]
+            key = f"{name}{{{rest}}}" if rest else name
+            check(typed and typed[-1] == name and key not in values,
+                  f"sample {line!r} away from its family's # TYPE, or twice")
+            values[key] = float(value)
     check(text.endswith("\n"), "the file does not end with a newline")
     return values
 

@@ -568,7 +568,8 @@ def test_progress_lines_while_scoring(r, tmp):
     # infer.progress_s = 0: none, as a short run's default (30 s).
     p = infer(r, model, test, out, "--infer.unit_rows=500", "--infer.progress_s=0", "--overwrite")
     expect_exit(p, 0)
-    check("scoring:" not in p.stdout, "infer.progress_s = 0 printed a progress line", p)
+    check("scoring:" not in p.stdout and "committing:" not in p.stdout,
+          "infer.progress_s = 0 printed a progress line", p)
 
 
 def test_prometheus_file_follows_the_scoring(r, tmp):
@@ -609,11 +610,18 @@ def test_prometheus_file_follows_the_scoring(r, tmp):
     check(not os.path.exists(os.path.join(tmp, "other.h5")), "the refused job scored")
     with open(prom) as f:
         final = prometheus_values(f.read(), "job")
-    # The first version, before the first report, has only the job's state; the others all.
+    # The first version, before the first report, has only the job's state and phase; the
+    # others all. The phase (a state set) is score until the last unit is done, then commit.
+    score, commit = 'locus_infer_phase{phase="score"}', 'locus_infer_phase{phase="commit"}'
     for v in seen:
+        check((v[score], v[commit]) in ((1, 0), (0, 1)), f"one phase at a time: {v}")
+        check(v[score] == 1 or (v["locus_infer_units_done"] == 20 and
+                                v["locus_infer_rows_done"] == 10000),
+              f"the commit phase without every unit done: {v}")
         if "locus_infer_units" not in v:
-            check(set(v) == {"locus_infer_running", "locus_infer_last_update_timestamp_seconds"}
-                  and v["locus_infer_running"] == 1, f"the first version: {v}")
+            check(set(v) == {"locus_infer_running", "locus_infer_last_update_timestamp_seconds",
+                             score, commit} and v["locus_infer_running"] == 1,
+                  f"the first version: {v}")
             continue
         check(v["locus_infer_units"] == 20 and v["locus_infer_rows"] == 10000, f"totals: {v}")
         check(whole_units(v["locus_infer_rows_done"], v["locus_infer_units_done"], 500, r.ranks),
@@ -624,8 +632,16 @@ def test_prometheus_file_follows_the_scoring(r, tmp):
     done = [v["locus_infer_rows_done"] for v in running]
     check(done == sorted(done), f"rows done went back: {done}")
     check(final["locus_infer_running"] == 0 and final["locus_infer_units_done"] == 20 and
-          final["locus_infer_rows_done"] == 10000 and "locus_infer_seconds_left" not in final,
-          f"the last version: {final}")
+          final["locus_infer_rows_done"] == 10000 and "locus_infer_seconds_left" not in final
+          and final[commit] == 1, f"the last version: {final}")
+    # After the last progress line, one line as the rows are committed and the file published.
+    lines = stdout.splitlines()
+    committing = [i for i, l in enumerate(lines) if l.startswith("committing:")]
+    check(len(committing) == 1 and re.fullmatch(
+        rf"committing: 10000 rows scored in [\d.]+ s; making {re.escape(out)} durable and "
+        "publishing it", lines[committing[0]]) is not None and
+        all(i < committing[0] for i, l in enumerate(lines) if l.startswith("scoring:")),
+        f"expected one committing line after the progress lines: {stdout}")
     check(final["locus_infer_reruns_total"] == report(out)["speculative_runs"],
           f"re-runs: {final} vs the report's {report(out)['speculative_runs']}")
     # A directory that is not there: exit 5 on every rank, naming the file and the key.

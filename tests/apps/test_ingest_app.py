@@ -416,9 +416,32 @@ PROGRESS = re.compile(r"^parsing: (?P<won>\d+) of (\d+) units, (\d+) rows \((\d+
                       r"(?:; about [\d.]+ (?:s|min|h) left|; no unit finished yet)?$")
 
 
+def phase_lines(p):
+    """The phase lines of an ingest's stdout (all after its last progress line)."""
+    lines = p.stdout.splitlines()
+    found = [i for i, l in enumerate(lines) if l.startswith(("gates:", "writing:", "committing:"))]
+    last_progress = max((i for i, l in enumerate(lines) if l.startswith("parsing:")), default=-1)
+    check(all(i > last_progress for i in found), "a phase line before the last parsing line", p)
+    return [lines[i] for i in found]
+
+
+def each_matches(lines, patterns):
+    """Whether there are as many lines as patterns and each line fully matches its own."""
+    return len(lines) == len(patterns) and all(
+        re.fullmatch(pat, line) for line, pat in zip(lines, patterns))
+
+
+def phases_of(values):
+    """The phases a Prometheus file's state set says the job is in (or ended in)."""
+    return {k.split('"')[1] for k, v in values.items()
+            if k.startswith("locus_ingest_phase{") and v == 1}
+
+
 def test_progress_lines_while_parsing(r, tmp):
     """ingest.progress_s: rank 0 alone prints, once an interval, how many units and rows are
-    parsed; the counts only grow and rows are always whole units' rows. 0 turns it off."""
+    parsed; the counts only grow and rows are always whole units' rows; then a line as each
+    later phase begins (gates, write, commit), which ingest.prometheus names too. 0 turns the
+    lines off."""
     out = os.path.join(tmp, "t.h5")
     args = (f"--ingest.images={FASHION}/t10k-images-idx3-ubyte.gz",
             f"--ingest.labels={FASHION}/t10k-labels-idx1-ubyte.gz", f"--ingest.output={out}",
@@ -433,13 +456,29 @@ def test_progress_lines_while_parsing(r, tmp):
         check(units == 20 and whole_units(rows, won, 500, r.ranks),
               f"rows are whole units' rows: {m[0]!r}", p)
         check(pct == round(100 * won / units), f"share: {m[0]!r}", p)
+    # After the parse, a line as each phase begins, once (rank 0 alone), in order.
+    check(each_matches(phase_lines(p), [
+        r"gates: 10000 rows parsed in [\d.]+ s; checking them against the quality gates",
+        rf"writing: 10000 rows x 784 features \(29\.9 MiB\) into {re.escape(out)} \(collective\); "
+        r"the gates passed in [\d.]+ s",
+        rf"committing: {re.escape(out)} written in [\d.]+ s; making it durable and publishing it"]),
+        "the phase lines", p)
     # ingest.prometheus: its last version says the job stopped with every unit and row parsed
-    # (the rows to do are not known ahead: no locus_ingest_rows).
+    # (the rows to do are not known ahead: no locus_ingest_rows), in its last phase.
     with open(prom) as f:
         v = prometheus_values(f.read(), "ingest")
     check(v["locus_ingest_running"] == 0 and v["locus_ingest_units"] == 20 and
           v["locus_ingest_units_done"] == 20 and v["locus_ingest_rows_done"] == 10000 and
-          "locus_ingest_rows" not in v, f"ingest.prom: {v}", p)
+          "locus_ingest_rows" not in v and phases_of(v) == {"commit"}, f"ingest.prom: {v}", p)
+    # A gate that fails: the job ends in the gates phase, with no write line.
+    p = r.run("locus-ingest", *args, "--gates.max_rows=5000", "--ingest.progress_s=0.3",
+              f"--ingest.prometheus={prom}", "--overwrite")
+    expect_exit(p, EXIT_GATE, "max_rows")
+    with open(prom) as f:
+        v = prometheus_values(f.read(), "ingest")
+    check(v["locus_ingest_running"] == 0 and phases_of(v) == {"gates"} and
+          v["locus_ingest_units_done"] == 20 and len(phase_lines(p)) == 1,
+          f"a failed gate: {v}", p)
     # The file is written before anything else: naming an input is a configuration error, and
     # the input is left as it was.
     labels = os.path.join(tmp, "labels.gz")
@@ -454,7 +493,8 @@ def test_progress_lines_while_parsing(r, tmp):
     p = r.run("locus-ingest", *args, "--ingest.progress_s=0", "--overwrite",
               env={"LOCUS_TEST_HOOK": "ingest-unit:delay20"})
     expect_exit(p, 0)
-    check("parsing:" not in p.stdout, "ingest.progress_s = 0 printed a progress line", p)
+    check("parsing:" not in p.stdout and not phase_lines(p),
+          "ingest.progress_s = 0 printed a progress line", p)
 
 if __name__ == "__main__":
     main([test_fashion_mnist_train_and_test, test_csv_matches_serial_parse,

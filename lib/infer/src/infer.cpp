@@ -146,6 +146,11 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
                                     res.queue.unwritten, res.queue.written_twice));
   }
   const double t_commit = MPI_Wtime();
+  if (job.opts.on_commit) {
+    const auto rows = static_cast<std::int64_t>(end - begin);
+    job.opts.on_commit({{res.queue.units, res.queue.units, rows, res.queue.extra_runs}, rows,
+                        t_commit - t0});
+  }
   comm::progress("committing the rows of {} (collective)", job.opts.output);
   out.commit_rows(end, sync, hook_point);
   res.seconds_durable = MPI_Wtime() - t_commit;

@@ -124,6 +124,15 @@ DatasetMeta read_dataset_meta(const mpi::Comm& comm, const std::string& path) {
   return m;
 }
 
+const char* phase_name(IngestPhase::Kind kind) {
+  switch (kind) {
+    case IngestPhase::Kind::gates: return "gates";
+    case IngestPhase::Kind::write: return "write";
+    case IngestPhase::Kind::commit: return "commit";
+  }
+  return "?";
+}
+
 IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   IngestResult res;
   check_options(comm, opts, output_exists(comm, opts.output));
@@ -203,6 +212,13 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   const FeatureStats& stats = parsed.stats;
   res.schedule = parsed.schedule;
   res.seconds_parse = MPI_Wtime() - t0;
+  comm::QueueProgress parse{{res.schedule.units, res.schedule.units, parsed.rows, 0}, 0,
+                            res.seconds_parse};
+  for (const IngestRankStats& r : res.schedule.per_rank) parse.counts.reruns += r.reruns;
+  const auto phase = [&](IngestPhase::Kind kind, double seconds_before) {
+    if (opts.on_phase) opts.on_phase({kind, parsed.rows, table.cols, seconds_before, parse});
+  };
+  phase(IngestPhase::Kind::gates, res.seconds_parse);
 
   t0 = MPI_Wtime();
   comm::progress("quality gates (all-reduces)");
@@ -232,6 +248,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   res.rows_added = parsed.rows;
   if (opts.validate_only) return res;
 
+  phase(IngestPhase::Kind::write, res.seconds_gates);
   t0 = MPI_Wtime();
   DatasetMeta meta;
   if (opts.append) {
@@ -284,6 +301,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     mpi::agree_on(comm, [&] { file.close(); });
   }
   test_hook("ingest-before-commit");
+  phase(IngestPhase::Kind::commit, MPI_Wtime() - t0);
   comm::progress("commit of dataset {}", opts.output);
   pub.commit();
   test_hook("ingest-after-commit");

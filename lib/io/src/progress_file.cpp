@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -57,9 +58,10 @@ std::string prometheus_label_value(std::string_view s) {
 }
 
 ProgressFile::ProgressFile(const mpi::Comm& comm, std::string path, std::string key,
-                           std::string app)
+                           std::string app, std::vector<std::string> phases)
     : path_(std::move(path)), key_(std::move(key)), app_(std::move(app)),
-      root_(comm.is_root()) {
+      phases_(std::move(phases)), root_(comm.is_root()) {
+  if (!phases_.empty()) phase_ = phases_.front();
   if (path_.empty()) return;
   mpi::agree_on(comm, [&] {
     if (!root_) return;
@@ -69,7 +71,8 @@ ProgressFile::ProgressFile(const mpi::Comm& comm, std::string path, std::string 
   mpi::agree_on(comm, [&] {
     if (!root_) return;
     if (const int err =
-            replace_file(path_, text(app_, prometheus_job(path_), nullptr, true, unix_now()))) {
+            replace_file(path_, text(app_, prometheus_job(path_), nullptr, true, unix_now(),
+                                     phases_, phase_))) {
       throw IoError(failure(path_, key_, err));
     }
   });
@@ -90,6 +93,15 @@ void ProgressFile::update(const comm::QueueProgress& p) {
   write(true);
 }
 
+void ProgressFile::phase(std::string_view name, const comm::QueueProgress& p) {
+  LOCUS_ASSERT(std::find(phases_.begin(), phases_.end(), name) != phases_.end(),
+               "a phase the Prometheus file was not given");
+  if (path_.empty() || !root_) return;
+  phase_ = name;
+  last_ = p;
+  write(true);
+}
+
 void ProgressFile::finish(const comm::QueueProgress& p) {
   if (path_.empty() || !root_ || finished_) return;
   last_ = p;
@@ -101,7 +113,7 @@ void ProgressFile::write(bool running) {
   if (path_.empty() || !root_) return;
   const comm::QueueProgress* figures = last_ ? &*last_ : nullptr;
   const int err = replace_file(path_, text(app_, prometheus_job(path_), figures, running,
-                                           unix_now()));
+                                           unix_now(), phases_, phase_));
   if (err != 0 && !warned_) {  // told once; later rewrites still try (the disk may recover)
     warned_ = true;
     std::fprintf(stderr, "warning: %s; the job goes on and tries again with its next report\n",
@@ -112,7 +124,8 @@ void ProgressFile::write(bool running) {
 
 std::string ProgressFile::text(std::string_view app, std::string_view job,
                                const comm::QueueProgress* figures, bool running,
-                               double unix_time) {
+                               double unix_time, std::span<const std::string> phases,
+                               std::string_view current_phase) {
   std::string out;
   const std::string label = prometheus_label_value(job);
   const auto series = [&](std::string_view name, const char* type, std::string_view help,
@@ -128,6 +141,15 @@ std::string ProgressFile::text(std::string_view app, std::string_view job,
          running ? 1 : 0);
   series("last_update_timestamp_seconds", "gauge", "Unix time rank 0 last rewrote this file.",
          unix_time);
+  if (!phases.empty()) {
+    out += fmt::format("# HELP locus_{0}_phase The phase the job is in, or ended in: 1 for it, "
+                       "0 for the others (a state set).\n# TYPE locus_{0}_phase gauge\n",
+                       app);
+    for (const std::string& ph : phases) {
+      out += fmt::format("locus_{}_phase{{locus_job=\"{}\",phase=\"{}\"}} {}\n", app, label,
+                         prometheus_label_value(ph), ph == current_phase ? 1 : 0);
+    }
+  }
   if (figures == nullptr) return out;
   const comm::QueueProgress& p = *figures;
   const comm::WorkQueue::Counts& c = p.counts;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,11 @@ struct InferOptions {
   // scores (comm::describe words them).
   double progress_s = 0;
   comm::ProgressTicker::Sink on_progress;
+  // Called on every rank where set (the app: rank 0) once the last unit is scored, as the rows
+  // are committed (made durable; a full run's file then published), with the scoring's final
+  // figures: every unit done, the rows this run scored, the re-runs, the seconds that took.
+  // After its last progress line, what a person watching learns.
+  std::function<void(const comm::QueueProgress&)> on_commit;
   // Test and benchmark hooks: the listed ranks of comm compute slow_factor times slower (the
   // compute thread stays busy for (factor - 1) x each batch's compute time, as on a slower CPU)
   // and sleep slow_ms before each unit.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,24 @@
 #include "locus/io/stats.hpp"
 
 namespace locus::io {
+
+// A phase of the job after the parse, as it begins (IngestOptions::on_phase), with what the
+// phase before it did: a large ingest spends minutes checking its gates and writing after its
+// last progress line, and this is how a person watching it learns where it is.
+struct IngestPhase {
+  enum class Kind {
+    gates,   // the parse is done: checking the rows against the quality gates (collective)
+    write,   // the gates passed: writing the rows (collective rounds; an append copies first)
+    commit,  // the rows written: making the file durable and publishing it
+  };
+  Kind kind = Kind::gates;
+  std::int64_t rows = 0;         // rows parsed and kept (non-finite rows dropped)
+  std::int64_t cols = 0;         // features a row
+  double seconds_before = 0;     // the phase before this one: parse, gates or write
+  comm::QueueProgress parse;     // the parse's final figures: every unit done, its re-runs
+};
+// "gates", "write", "commit": the names of the Prometheus file's phase series.
+const char* phase_name(IngestPhase::Kind kind);
 
 struct IngestOptions {
   enum class Source { idx, csv };
@@ -53,6 +72,9 @@ struct IngestOptions {
   // ahead for CSV, so none is given; comm::describe words them).
   double progress_s = 0;
   comm::ProgressTicker::Sink on_progress;
+  // Called on every rank where set as each phase after the parse begins (the app sets it on
+  // rank 0 only); validate_only stops after the gates, and a failed gate before the write.
+  std::function<void(const IngestPhase&)> on_phase;
 };
 
 // What one rank did in the parse phase; runs are counted when started.
