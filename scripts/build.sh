@@ -4,7 +4,8 @@
 # defaults, so e.g. -DLOCUS_WERROR=OFF overrides); after it, the targets to build (default:
 # all). Uses ccache when it is installed.
 # scripts/run.sh and scripts/test.sh both call this without flags, so they share one build:
-# whichever runs second only builds what the first did not. The full log goes to build.log;
+# whichever runs second only builds what the first did not. The full log goes to build.log
+# (beside another build directory D, D.log: builds of two directories may run at once);
 # the terminal gets one line per finished target ("[ NN%] Built target X") and, on failure,
 # the log's tail.
 set -euo pipefail
@@ -20,7 +21,7 @@ if command -v ccache > /dev/null; then
   cmake_args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
                -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
-log="$root/build.log"
+log="$build.log"
 start=$SECONDS
 echo "build: configuring $build (full log in $log)"
 cmake -S "$root" -B "$build" "${cmake_args[@]}" > "$log" 2>&1 || { cat "$log"; exit 1; }
@@ -53,4 +54,4 @@ if [[ $rc -ne 0 ]]; then
   tail -60 "$log"
   exit 1
 fi
-echo "build: ok in $((SECONDS - start)) s, $compiled files compiled ($build; log in build.log)"
+echo "build: ok in $((SECONDS - start)) s, $compiled files compiled ($build; log in $(basename "$log"))"

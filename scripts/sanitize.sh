@@ -3,7 +3,8 @@
 # the suppressions of tests/sanitizers/ (each says why it is there; none is for locus code).
 #   scripts/sanitize.sh asan [ctest args...]   ASan + UBSan, in build-asan/
 #   scripts/sanitize.sh tsan [ctest args...]   TSan, in build-tsan/
-#   scripts/sanitize.sh asan --build-only TARGET...   configure and build only (tests/fuzz/ci.sh)
+#   scripts/sanitize.sh asan --build-only [TARGET...]   configure and build only: the targets
+#                                 given (tests/fuzz/ci.sh), else those of CI's selection (.ci/run)
 # Without ctest args it runs the selection CI runs (below); e.g. `scripts/sanitize.sh asan -L mpi`
 # or `scripts/sanitize.sh tsan -LE slurm` for the long versions (README, "Sanitizers").
 # The ASan build is also the fuzz build: clang-14 with LOCUS_FUZZ (ASan + UBSan + libFuzzer's
@@ -59,7 +60,7 @@ build=$root/build-$kind
 # Single-threaded BLAS (its pool is not instrumented) and Open MPI as in the other tests.
 export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 build_only=0
-if [[ ${1:-} == --build-only ]]; then build_only=1; shift; targets=("$@")
+if [[ ${1:-} == --build-only ]]; then build_only=1; shift; (($# == 0)) || targets=("$@")
 elif (($# > 0)); then select=("$@"); targets=(); fi
 LOCUS_BUILD_DIR=$build "$root/scripts/build.sh" -DLOCUS_WITH_CUDA=OFF "${config[@]}" \
   -DLOCUS_WERROR=ON -DLOCUS_BUILD_BENCH=OFF -- "${targets[@]}"
