@@ -35,11 +35,18 @@ for j in "$a" "$b"; do
 done
 
 # Gaps of at least min_gap_s between consecutive ticks of FILE, one a line: "+START_s:LENGTH_s"
-# from the first tick; with LO and HI (wall-clock seconds), only the gaps inside [LO, HI].
+# from the first tick; with LO and HI (wall-clock seconds), only the gaps whose middle is in
+# [LO, HI]. A pause [S, R] holds no tick of either rank, so it lies wholly inside or outside
+# [LO, HI] (both ticks); each rank's gap around it starts and ends within one tick (0.2 s) of
+# S and R, so the middles of the two ranks' gaps fall on the same side. (Judged by their ends,
+# a pause just before the end counted for one rank only: a rank resumed after the other's last
+# tick; CI, 2026-11-28.)
 gaps() {
   awk -v g=$min_gap_s -v lo="${2:-0}" -v hi="${3:-1e300}" '$1 != "tick" { next }
     t0 == "" { t0 = $3 }
-    p != "" && $3 - p >= g && p >= lo && $3 <= hi { printf "+%.1f:%.1f\n", p - t0, $3 - p }
+    p != "" && $3 - p >= g && (p + $3) / 2 >= lo && (p + $3) / 2 <= hi {
+      printf "+%.1f:%.1f\n", p - t0, $3 - p
+    }
     { p = $3 }' "$1"
 }
 first() { grep '^tick' "$1" | head -n 1 | cut -d' ' -f3; }
