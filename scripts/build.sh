@@ -12,6 +12,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${LOCUS_BUILD_DIR:-$root/build}
 [[ $build = /* ]] || build=$root/$build
+build=${build%/}  # its log is "$build.log"
 cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCUS_WERROR=ON) targets=()
 while [[ $# -gt 0 ]]; do
   if [[ $1 == -- ]]; then shift; targets=("$@"); break; fi

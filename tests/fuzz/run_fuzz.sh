@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the libFuzzer targets of a LOCUS_FUZZ build (tests/fuzz/build.sh).
+# Runs the libFuzzer targets of a LOCUS_FUZZ build (build-asan/, built by tests/fuzz/ci.sh or
+# scripts/sanitize.sh asan --build-only locus_fuzz).
 #   run_fuzz.sh BUILD_DIR [--target T] [--replay] [--seconds N]
 # --replay runs every seed and regression input of each target once (deterministic) and fails
 # on any crash. Otherwise each target fuzzes for N seconds (default 20) from a temporary copy
