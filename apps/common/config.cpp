@@ -158,7 +158,7 @@ void refuse_shared_paths(const std::vector<NamedPath>& written,
 void add_progress_option(Config& c, const std::string& key, double& target) {
   c.add(key, target,
         "rank 0 prints a progress line this often, in seconds: units and rows done, rate, "
-        "time left (0: none)",
+        "time left; then a line as each phase after the units begins (0: no lines)",
         in_range(0.0, 1e9));
 }
 
@@ -176,7 +176,8 @@ comm::ProgressTicker::Sink progress_sink(const mpi::Comm& comm, std::string verb
 void add_prometheus_option(Config& c, const std::string& key, std::string& target) {
   c.add(key, target,
         "Prometheus text file rank 0 rewrites (temporary file + rename) with every progress "
-        "line and when the job ends: units and rows done, rate, time left, re-runs, for "
+        "line, as each phase begins and when the job ends: the phase, units and rows done, "
+        "rate, time left, re-runs, for "
         "node_exporter's textfile collector (empty: none): a .prom name in a directory that "
         "exists on rank 0's node, one per job (the name without .prom labels every series "
         "locus_job); the job holds the file's output lock, so a second job naming it is "

@@ -81,8 +81,9 @@ inline constexpr double kWatchdogDefaultS = 1800;
 void add_watchdog_option(Config& c, const std::string& key, double& target);
 
 // The progress line of locus-infer and locus-ingest (lib/comm/queue_progress.hpp):
-// `<app section>.progress_s`, seconds between two lines; 0: none. 30 s by default: a run of a
-// few seconds prints none, a scoring of hours one every half minute for `tail -f`.
+// `<app section>.progress_s`, seconds between two lines; 0: none, and no phase lines either.
+// 30 s by default: a run of a few seconds prints no progress line (only the lines of the phases
+// after its units), a scoring of hours one every half minute for `tail -f`.
 inline constexpr double kProgressDefaultS = 30;
 void add_progress_option(Config& c, const std::string& key, double& target);
 // Rank 0's sink of the progress reports: prints each as a line ("<verb>: ..." on stdout,
@@ -101,7 +102,7 @@ void refuse_shared_paths(const std::vector<NamedPath>& written,
                          const std::vector<NamedPath>& others = {});
 
 // `<app section>.prometheus`: the Prometheus file of locus-infer and locus-ingest
-// (io::ProgressFile), rewritten with every progress line.
+// (io::ProgressFile), rewritten with every progress line and as each phase begins.
 void add_prometheus_option(Config& c, const std::string& key, std::string& target);
 
 // Every section of the pipeline config file, across all apps.

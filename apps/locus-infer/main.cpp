@@ -90,11 +90,12 @@ int main(int argc, char** argv) {
       // After the last progress line: the rows committed, a full run's file published.
       opts.on_commit = [&](const locus::comm::QueueProgress& scored) {
         prometheus.phase("commit", scored);
-        if (opts.progress_s <= 0) return;
-        fmt::print("committing: {} rows scored in {:.2f} s; making {} durable{}\n",
-                   scored.counts.amount, scored.seconds, opts.output,
-                   opts.incremental ? "" : " and publishing it");
-        std::fflush(stdout);
+        if (opts.progress_s > 0) {
+          fmt::print("committing: {} rows scored in {:.2f} s; making {} durable{}\n",
+                     scored.counts.amount, scored.seconds, opts.output,
+                     opts.incremental ? "" : " and publishing it");
+          std::fflush(stdout);
+        }
       };
     }
     const auto result = locus::infer::run_inference(world, opts);

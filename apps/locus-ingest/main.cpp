@@ -2,6 +2,8 @@
 // data-quality gates. Units of the input are handed out dynamically (idle ranks re-run a slower
 // rank's unit); every rank writes the units it won.
 
+#include <cstdio>
+
 #include <fmt/format.h>
 
 #include "config.hpp"
@@ -132,7 +134,7 @@ int main(int argc, char** argv) {
            {settings.reference, "gates.reference"}});
     });
     locus::io::ProgressFile prometheus(world, settings.prometheus, "ingest.prometheus", "ingest",
-                                       {"parse", "gates", "write", "commit"});
+                                       locus::io::ingest_phases());
     opts.on_progress = locus::app::progress_sink(world, "parsing", "rows", prometheus);
     if (world.is_root()) {
       opts.on_phase = [&](const locus::io::IngestPhase& ph) {

@@ -1,8 +1,8 @@
 """Shared helpers for end-to-end app tests: run an app under mpiexec, compare HDF5 files."""
 import contextlib
 import os
-import signal
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,6 +105,7 @@ def prometheus_values(text, job):
     first = 'locus_job="%s"' % job
     for line in text.splitlines():
         if line.startswith("# HELP "):
+            check(line.split(" ")[2] not in helped, f"two # HELP lines: {line!r}")
             helped.add(line.split(" ")[2])
         elif line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")

@@ -7,7 +7,7 @@
 #  - jobs S and SB score it with a model file (every rank sleeps 1.5 s before each unit: about
 #    12 s).
 # Once a job has its four ranks on two hosts (and, scoring, its temporary output; its first run
-# is held before its first unit until then), one of its nodes loses its network for good (its processes keep running, cut off): for I and S the node
+# is held after each rank's first unit until then), one of its nodes loses its network for good (its processes keep running, cut off): for I and S the node
 # of ranks 2,3 -- the ingest's peers then wait in its collectives after parsing, the scorer's in
 # its one-sided work queue --; for IB and SB the batch node, that of mpirun and ranks 0,1.
 # slurmctld sets the nodes DOWN after SlurmdTimeout (10 s) and requeues the jobs (the cluster's
@@ -35,11 +35,12 @@ if ! bash "$nodes_sh" check; then
 fi
 export LSC_LIFETIME=600
 # 30 units of 334 records (Fashion-MNIST's test set, 10000 images) in both jobs, 1.5 s each:
-# about 8 units a rank, 12 s a run, however fast the machine. Each job's first run is held
-# before its first unit (LOCUS_TEST_HOLD, ingest-parse / infer-score) until the test has cut
-# its node and created the job's go-file: on a loaded 2-core machine the four jobs could take
-# longer to find than 12 s, and one finished before its turn (CI, 2026-11-28). A rerun finds
-# the file there and goes on at once. Longer units do not help: the batch-node jobs' reruns
+# about 8 units a rank, 12 s a run, however fast the machine. In each job's first run every
+# rank is held after its first unit (LOCUS_TEST_HOLD: ingest-first-unit, infer-second-unit;
+# the hold counts as progress for the watchdog) until the test has cut the job's node and
+# created its go-file: on a loaded 2-core machine the four jobs could take longer to find than
+# 12 s, and one finished before its turn (CI, 2026-11-28). A rerun finds the file there and
+# goes on at once. Longer units do not help: the batch-node jobs' reruns
 # must start while their stranded predecessor still holds the output's lock (6 s units moved
 # them past its watchdog). The same unit size for the ingests compared (statistics depend on
 # it).
@@ -91,8 +92,8 @@ declare -A job app output key
 for name in I IB; do
   extra=()
   [ $name = I ] || extra=("--ingest.watchdog_s=$batch_watchdog")
-  job[$name]=$(LOCUS_TEST_HOOK=ingest-unit:delay$slow_ms LOCUS_TEST_HOLD=ingest-parse:$PWD/go-$name \
-    slurm_submit -N 2 --ntasks=4 \
+  job[$name]=$(LOCUS_TEST_HOOK=ingest-unit:delay$slow_ms \
+    LOCUS_TEST_HOLD=ingest-first-unit:$PWD/go-$name slurm_submit -N 2 --ntasks=4 \
     --ntasks-per-node=2 --exclusive -o $name.log "$LOCUS_REPO/slurm/ingest.sbatch" \
     --ingest.output=$name.h5 "${fm_args[@]}" "${extra[@]}")
   app[$name]=locus-ingest
@@ -101,9 +102,10 @@ done
 for name in S SB; do
   extra=()
   [ $name = S ] || extra=("--infer.watchdog_s=$batch_watchdog")
-  job[$name]=$(LOCUS_TEST_HOLD=infer-score:$PWD/go-$name slurm_submit -N 2 --ntasks=4 \
-    --ntasks-per-node=2 --exclusive -o $name.log "$LOCUS_REPO/slurm/infer.sbatch" "${infer_args[@]}" --infer.output=$name.h5 \
-    --infer.slow_ranks=0,1,2,3 "--infer.slow_ms=$slow_ms" "${extra[@]}")
+  job[$name]=$(LOCUS_TEST_HOLD=infer-second-unit:$PWD/go-$name slurm_submit -N 2 --ntasks=4 \
+    --ntasks-per-node=2 --exclusive -o $name.log "$LOCUS_REPO/slurm/infer.sbatch" \
+    "${infer_args[@]}" --infer.output=$name.h5 --infer.slow_ranks=0,1,2,3 \
+    "--infer.slow_ms=$slow_ms" "${extra[@]}")
   app[$name]=locus-infer
   key[$name]=infer
 done

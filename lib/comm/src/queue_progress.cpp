@@ -55,6 +55,10 @@ ProgressTicker::ProgressTicker(double interval_s, std::int64_t total_amount, Sin
       start_(Clock::now()),
       next_(start_ + std::chrono::duration_cast<Clock::duration>(interval_)) {}
 
+double ProgressTicker::seconds() const {
+  return std::chrono::duration<double>(Clock::now() - start_).count();
+}
+
 void ProgressTicker::poll(WorkQueue& queue) {
   if (!sink_) return;
   const Clock::time_point now = Clock::now();

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "locus/comm/mpi.hpp"
+#include "locus/comm/watchdog.hpp"
 
 namespace locus {
 
@@ -63,7 +64,7 @@ SlowDown test_hook_slowdown(const char* point) {
   return s;
 }
 
-void test_hold(const char* point) {
+void test_hold(const char* point, const std::function<void()>& while_held) {
   const char* spec = std::getenv("LOCUS_TEST_HOLD");
   if (spec == nullptr) return;
   const std::string s(spec), p(point);
@@ -72,9 +73,14 @@ void test_hold(const char* point) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return;
   announce(point, "held until " + path + " exists");
+  const std::string held_at = "test hold '" + p + "' (LOCUS_TEST_HOLD)";
   const auto t0 = std::chrono::steady_clock::now();
-  while (::stat(path.c_str(), &st) != 0)
+  while (::stat(path.c_str(), &st) != 0) {
+    comm::mark_progress(held_at);
+    if (while_held) while_held();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  comm::mark_progress(held_at);
   const std::chrono::duration<double> held = std::chrono::steady_clock::now() - t0;
   char what[64];
   std::snprintf(what, sizeof what, "released after %.1f s", held.count());

@@ -126,7 +126,6 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
   const detail::UnitGrid grid{begin, end, job.layout.unit_rows};
   const auto& slow = job.opts.slow_ranks;
   const bool is_slow = std::find(slow.begin(), slow.end(), comm.rank()) != slow.end();
-  test_hold("infer-score");  // the output's temporary file made, no unit scored yet
   comm.barrier();
   const double t0 = MPI_Wtime();
   Scored res;
@@ -147,9 +146,10 @@ Scored score_rows(const Job& job, PredictionFile& out, std::uint64_t begin, std:
   }
   const double t_commit = MPI_Wtime();
   if (job.opts.on_commit) {
+    comm::progress("the commit phase begins: its line, the Prometheus file (rank 0)");
     const auto rows = static_cast<std::int64_t>(end - begin);
     job.opts.on_commit({{res.queue.units, res.queue.units, rows, res.queue.extra_runs}, rows,
-                        t_commit - t0});
+                        ticker.seconds()});
   }
   comm::progress("committing the rows of {} (collective)", job.opts.output);
   out.commit_rows(end, sync, hook_point);

@@ -116,6 +116,13 @@ class Loop {
   // Claims a unit into u (and reads its labels); false when nothing is left.
   bool claim(UnitWork& u) {
     const std::int64_t held[2] = {units_[0].unit, units_[1].unit};
+    if (res_.stats.claimed + res_.stats.speculative == 1 && !held_) {
+      held_ = true;  // a test may hold the job here, mid-run (LOCUS_TEST_HOLD)
+      test_hold("infer-second-unit", [&] {
+        ticker_.poll(queue_);
+        queue_.progress();
+      });
+    }
     comm::progress("work queue fetch (one-sided, on rank 0's window)");
     test_hook("infer-claim");  // a rank dies or stalls as its peers use the window
     const WorkQueue::Claim c = queue_.claim(held);
@@ -218,6 +225,7 @@ class Loop {
   PredictionFile& out_;
   int rank_;
   comm::ProgressTicker& ticker_;
+  bool held_ = false;  // past the test hold point
   std::uint64_t stripe_rows_;
   UnitWork units_[2];
   std::vector<Stripe> stripes_;

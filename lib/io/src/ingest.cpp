@@ -124,6 +124,13 @@ DatasetMeta read_dataset_meta(const mpi::Comm& comm, const std::string& path) {
   return m;
 }
 
+const std::vector<std::string>& ingest_phases() {
+  static const std::vector<std::string> phases{"parse", phase_name(IngestPhase::Kind::gates),
+                                               phase_name(IngestPhase::Kind::write),
+                                               phase_name(IngestPhase::Kind::commit)};
+  return phases;
+}
+
 const char* phase_name(IngestPhase::Kind kind) {
   switch (kind) {
     case IngestPhase::Kind::gates: return "gates";
@@ -212,11 +219,15 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   const FeatureStats& stats = parsed.stats;
   res.schedule = parsed.schedule;
   res.seconds_parse = MPI_Wtime() - t0;
+  // The parse's final figures, on the clock of its progress lines.
   comm::QueueProgress parse{{res.schedule.units, res.schedule.units, parsed.rows, 0}, 0,
-                            res.seconds_parse};
+                            parsed.seconds};
   for (const IngestRankStats& r : res.schedule.per_rank) parse.counts.reruns += r.reruns;
   const auto phase = [&](IngestPhase::Kind kind, double seconds_before) {
-    if (opts.on_phase) opts.on_phase({kind, parsed.rows, table.cols, seconds_before, parse});
+    if (!opts.on_phase) return;
+    comm::progress("the {} phase begins: its line, the Prometheus file (rank 0)",
+                   phase_name(kind));
+    opts.on_phase({kind, parsed.rows, table.cols, seconds_before, parse});
   };
   phase(IngestPhase::Kind::gates, res.seconds_parse);
 
@@ -249,6 +260,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
   if (opts.validate_only) return res;
 
   phase(IngestPhase::Kind::write, res.seconds_gates);
+  comm::progress("statistics and histogram of the dataset (all-reduces)");
   t0 = MPI_Wtime();
   DatasetMeta meta;
   if (opts.append) {

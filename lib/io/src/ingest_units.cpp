@@ -113,6 +113,13 @@ class UnitLoop {
       }
       comm::progress("parsing ingest unit {}{}", c.unit, c.speculative ? " (a re-run)" : "");
       run_unit(c.unit, c.speculative);
+      if (!held_) {  // a test may hold the job here, mid-run (LOCUS_TEST_HOLD)
+        held_ = true;
+        test_hold("ingest-first-unit", [&] {
+          ticker_.poll(queue_);
+          queue_.progress();
+        });
+      }
     }
     stats_.seconds = MPI_Wtime() - t0;
   }
@@ -175,6 +182,7 @@ class UnitLoop {
   comm::WorkQueue queue_;
   comm::ProgressTicker ticker_;
   SlowDown slow_;
+  bool held_ = false;  // past the test hold point
   std::size_t d_;
   Table table_;
   std::vector<Won> won_;
@@ -243,7 +251,6 @@ std::vector<IngestRankStats> gather_stats(const mpi::Comm& comm, const IngestRan
 }  // namespace
 
 ParsedUnits parse_units(const mpi::Comm& comm, UnitSource& src, const UnitLoopOptions& opts) {
-  test_hold("ingest-parse");  // before the work queue's collective window
   UnitLoop loop(comm, src, opts);
   loop.run();
   const comm::WorkQueue::Summary q =
@@ -254,6 +261,7 @@ ParsedUnits parse_units(const mpi::Comm& comm, UnitSource& src, const UnitLoopOp
                                     q.written_once, q.units, q.unwritten, q.written_twice));
   }
   ParsedUnits res;
+  res.seconds = loop.ticker().seconds();
   std::vector<Won>& won = loop.won();
   assemble(loop.table(), won);
   res.table = std::move(loop.table());

@@ -37,6 +37,7 @@ struct ParsedUnits {
   std::int64_t join_missing = 0;        // rows left out: the join table lacks their key (every rank)
   std::string join_missing_first;       // the first of them, "'in.csv' line 57: key 'x'" (every rank)
   IngestSchedule schedule;              // every rank's counts (every rank)
+  double seconds = 0;  // since the first unit was handed out, by this rank's progress clock
 };
 
 // Collective over comm: parses every unit of src exactly once as far as the results go (a unit

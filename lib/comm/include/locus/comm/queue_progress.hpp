@@ -48,6 +48,8 @@ class ProgressTicker {
   // Cheap unless a report is due; then reads the queue's counters (WorkQueue::counts) and
   // calls the sink.
   void poll(WorkQueue& queue);
+  // Seconds since the ticker started: the clock of its reports' `seconds`.
+  double seconds() const;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -15,9 +15,11 @@
 // `path` exists. A test that must act on a job mid-run (cut its node's network, say) holds it
 // there, acts, then creates the file: the job cannot finish before the test had its turn, however
 // loaded the machine. The variable is separate from LOCUS_TEST_HOOK, so one job can be both held
-// and slowed.
+// and slowed. The points: `ingest-first-unit` (a rank has parsed its first unit) and
+// `infer-second-unit` (a rank is about to claim its second unit), so a held job is mid-run.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace locus {
@@ -42,9 +44,11 @@ struct SlowDown {
 };
 SlowDown test_hook_slowdown(const char* point);
 
-// Waits, if LOCUS_TEST_HOLD names `point`, until its path exists (polled every 20 ms; announced
-// on stderr when the wait starts and ends). Call it outside any collective or one-sided epoch:
-// the other ranks of the job may be waiting in the next collective meanwhile.
-void test_hold(const char* point);
+// Waits, if LOCUS_TEST_HOLD names `point`, until its path exists: every 20 ms it looks, calls
+// while_held (e.g. to progress the one-sided requests of other ranks on a window this rank
+// holds) and marks progress for the watchdog (a hold is the test's doing, not a hang).
+// Announced on stderr when the wait starts and ends. Call it outside any collective: the other
+// ranks of the job may be waiting in the next collective meanwhile.
+void test_hold(const char* point, const std::function<void()>& while_held = {});
 
 }  // namespace locus

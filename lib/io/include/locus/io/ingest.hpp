@@ -39,6 +39,8 @@ struct IngestPhase {
 };
 // "gates", "write", "commit": the names of the Prometheus file's phase series.
 const char* phase_name(IngestPhase::Kind kind);
+// Every phase of an ingest in order, the parse first: "parse", "gates", "write", "commit".
+const std::vector<std::string>& ingest_phases();
 
 struct IngestOptions {
   enum class Source { idx, csv };
