@@ -262,7 +262,13 @@ def test_append_equals_full_ingest_and_survives_a_crash(r, tmp):
     check(x0.shape[0] == 500, "committed rows changed after a crash")
     check(lock_is_free(lock_path(out)), "the killed job's lock must have gone with it")
     # The rerun completes; the result equals a full ingest of all rows.
-    expect_exit(csv_ingest(r, tmp, b, out, "--append"), 0, "appended 400 rows")
+    p = csv_ingest(r, tmp, b, out, "--append")
+    expect_exit(p, 0, "appended 400 rows")
+    # Its phase line says it writes onto a copy of the dataset (the original is replaced only
+    # at the commit).
+    check(re.search(rf"^writing: 400 rows x \d+ features \([\d.]+ MiB\) appended to a copy of "
+                    rf"{re.escape(out)} \(collective\); the gates passed in [\d.]+ s$",
+                    p.stdout, re.M) is not None, "the append's writing line", p)
     x, y, attrs = read_dataset(out)
     xr, yr, ar = read_dataset(ref)
     check(np.array_equal(x, xr) and np.array_equal(y, yr), "append differs from a full ingest")
