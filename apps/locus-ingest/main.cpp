@@ -85,16 +85,17 @@ void print_summary(const locus::io::IngestOptions& opts, const locus::io::Ingest
 // the last progress line a large ingest still checks its gates and writes for minutes.
 void print_phase(const locus::io::IngestOptions& opts, const locus::io::IngestPhase& ph) {
   using Kind = locus::io::IngestPhase::Kind;
+  const std::int64_t rows = ph.parse.counts.amount;
   switch (ph.kind) {
     case Kind::gates:
       fmt::print("gates: {} rows parsed in {:.2f} s; checking them against the quality gates\n",
-                 ph.rows, ph.seconds_before);
+                 rows, ph.seconds_before);
       break;
     case Kind::write:
       fmt::print("writing: {} rows x {} features ({:.1f} MiB) {} {} (collective); the gates "
                  "passed in {:.2f} s\n",
-                 ph.rows, ph.cols,
-                 static_cast<double>(ph.rows) * static_cast<double>(ph.cols) * sizeof(float) /
+                 rows, ph.cols,
+                 static_cast<double>(rows) * static_cast<double>(ph.cols) * sizeof(float) /
                      (1024.0 * 1024.0),
                  opts.append ? "appended to a copy of" : "into", opts.output, ph.seconds_before);
       break;

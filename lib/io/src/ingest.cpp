@@ -227,7 +227,7 @@ IngestResult run_ingest(const mpi::Comm& comm, const IngestOptions& opts) {
     if (!opts.on_phase) return;
     comm::progress("the {} phase begins: its line, the Prometheus file (rank 0)",
                    phase_name(kind));
-    opts.on_phase({kind, parsed.rows, table.cols, seconds_before, parse});
+    opts.on_phase({kind, table.cols, seconds_before, parse});
   };
   phase(IngestPhase::Kind::gates, res.seconds_parse);
 

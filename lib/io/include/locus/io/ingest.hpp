@@ -32,10 +32,11 @@ struct IngestPhase {
     commit,  // the rows written: making the file durable and publishing it
   };
   Kind kind = Kind::gates;
-  std::int64_t rows = 0;         // rows parsed and kept (non-finite rows dropped)
   std::int64_t cols = 0;         // features a row
   double seconds_before = 0;     // the phase before this one: parse, gates or write
-  comm::QueueProgress parse;     // the parse's final figures: every unit done, its re-runs
+  // The parse's final figures: every unit done, its rows (kept: non-finite rows dropped), its
+  // re-runs.
+  comm::QueueProgress parse;
 };
 // "gates", "write", "commit": the names of the Prometheus file's phase series.
 const char* phase_name(IngestPhase::Kind kind);
