@@ -227,6 +227,9 @@ def test_incremental_equals_full_and_survives_a_crash(r, tmp):
     p = infer(r, model, data, out, "--incremental", *args)
     expect_exit(p, 0, "incrementally scored 700 rows [1000, 1700)")
     check(report(out)["metrics"]["rows"] == 700, "incremental metrics cover the new rows")
+    # Its commit line: the new rows made durable in the file it extends, nothing published.
+    check(re.search(rf"^committing: 700 rows scored in [\d.]+ s; making {re.escape(out)} durable$",
+                    p.stdout, re.M) is not None, "expected the incremental run's commit line", p)
     # Killed after the new rows are durable but before the watermark moves.
     ingest_csv(r, c, data, "--append")
     p = infer(r, model, data, out, "--incremental", *args,
